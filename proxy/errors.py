@@ -1,0 +1,137 @@
+"""The proxy's one error hierarchy.
+
+Every error the proxy itself produces is a ``ProxyError``. Each class carries the HTTP
+status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one middleware
+(``proxy.middleware``) turns it into ``{"error": {...}}``.
+
+    ProxyError
+    ├── InvalidRequest        400 invalid_request
+    ├── InvalidApiKey         401 invalid_api_key
+    ├── ModelNotFound         404 model_not_found
+    ├── RequestTooLarge       413 request_too_large
+    ├── RateLimited           429 rate_limit_exceeded
+    ├── Overloaded            503 (retry-after set)
+    │   ├── QueueFull             queue_full
+    │   ├── Evicted               evicted
+    │   ├── QueueTimeout          queue_timeout
+    │   └── UpstreamUnavailable   upstream_unavailable
+    └── UpstreamError         502 / 504, raised when every attempt failed
+        ├── UpstreamConnectError  502 upstream_connect_error
+        ├── UpstreamTimeout       504 upstream_timeout
+        └── UpstreamBadResponse   502 upstream_error
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+        self.should_retry = should_retry
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if self.retry_after is not None:
+            seconds = max(0.0, self.retry_after)
+            headers["retry-after"] = str(max(1, math.ceil(seconds)))
+            headers["retry-after-ms"] = str(int(seconds * 1000))
+        if self.should_retry is not None:
+            headers["x-should-retry"] = "true" if self.should_retry else "false"
+        return headers
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidApiKey(ProxyError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RequestTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(ProxyError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class Overloaded(ProxyError):
+    status = 503
+    type = "server_error"
+    code = "overloaded"
+
+
+class QueueFull(Overloaded):
+    code = "queue_full"
+
+
+class Evicted(Overloaded):
+    code = "evicted"
+
+
+class QueueTimeout(Overloaded):
+    code = "queue_timeout"
+
+
+class UpstreamUnavailable(Overloaded):
+    code = "upstream_unavailable"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_connect_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamBadResponse(UpstreamError):
+    code = "upstream_error"
