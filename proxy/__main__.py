@@ -1,0 +1,61 @@
+"""Command line: ``python -m proxy serve|check --config routing.yaml``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .config import Config, ConfigError, load_config
+
+
+def _summary(config: Config) -> str:
+    lines = [
+        f"tiers: {', '.join(config.tier_names)}",
+        f"keys: {len(config.keys) or 'none (any bearer token accepted)'}",
+        "providers: " + ", ".join(
+            f"{p.name} ({p.kind}, {p.max_concurrency} slots)" for p in config.providers.values()
+        ),
+        "models: " + ", ".join(
+            f"{name} -> {' | '.join(d.key for d in route.candidates) or 'nothing enabled'}"
+            for name, route in config.models.items()
+        ),
+    ]
+    lines += [f"warning: {w}" for w in config.warnings]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="triage-proxy", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", default="routing.yaml")
+    serve.add_argument("--host", help="overrides listen.host")
+    serve.add_argument("--port", type=int, help="overrides listen.port")
+    serve.add_argument("--log-level", default="INFO")
+    check = commands.add_parser("check", help="validate a config and print a summary")
+    check.add_argument("--config", default="routing.yaml")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "WARNING").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"invalid config: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        print(f"{args.config}: ok")
+        print(_summary(config))
+        return 0
+    from .server import run
+
+    host = args.host or config.listen.host
+    port = config.listen.port if args.port is None else args.port
+    run(config, host, port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

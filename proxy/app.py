@@ -1,0 +1,113 @@
+"""The aiohttp application: routes, typed state under AppKeys, one lifecycle for resources."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from . import forward
+from .clock import Clock, SystemClock
+from .config import Config, Provider
+from .dashboard import DASHBOARD_HTML
+from .keys import LIFECYCLE, SERVICE, Lifecycle
+from .middleware import errors_middleware
+from .service import Service
+from .simulated import SimulatedUpstream
+from .tokens import TokenCounter
+from .upstream import HttpUpstream, Upstream
+
+log = logging.getLogger(__name__)
+
+UpstreamFactory = Callable[[Provider, aiohttp.ClientSession], Upstream]
+
+
+def default_upstream(provider: Provider, session: aiohttp.ClientSession) -> Upstream:
+    if provider.sim is not None:
+        return SimulatedUpstream(provider.name, provider.sim)
+    if provider.kind == "azure":
+        auth = {"api-key": provider.api_key} if provider.api_key else {}
+    else:
+        auth = {"authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
+    return HttpUpstream(session, provider.base_url, {**provider.headers, **auth}, provider.query)
+
+
+def build_app(
+    config: Config,
+    *,
+    clock: Clock | None = None,
+    counter: TokenCounter | None = None,
+    upstream_factory: UpstreamFactory = default_upstream,
+) -> web.Application:
+    app = web.Application(
+        middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes
+    )
+    app[LIFECYCLE] = Lifecycle()
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=True, skip_auto_headers=("User-Agent",),
+        ) as session:
+            upstreams: Mapping[str, Upstream] = {
+                name: upstream_factory(p, session) for name, p in config.providers.items()
+            }
+            service = Service(config, upstreams, clock or SystemClock(),
+                              counter or TokenCounter.load())
+            app[SERVICE] = service
+            yield
+            app[LIFECYCLE].draining = True
+            await service.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", forward.chat_completions)
+    app.router.add_post("/v1/embeddings", forward.embeddings)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/status", status)
+    app.router.add_get("/dashboard", dashboard)
+    return app
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def list_models(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return _json({
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "triage-proxy"}
+            for name in service.config.models
+        ],
+    })
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[LIFECYCLE].draining or SERVICE not in request.app:
+        return _json({"status": "draining"}, status=503)
+    return _json({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE].metrics.render()
+    return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4"})
+
+
+async def status(request: web.Request) -> web.Response:
+    return _json(request.app[SERVICE].status())
+
+
+async def dashboard(request: web.Request) -> web.Response:
+    return web.Response(text=DASHBOARD_HTML, content_type="text/html")

@@ -1,0 +1,41 @@
+"""Proxy keys → principals, looked up by SHA-256 digest (no text comparison of secrets)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from .classify import Principal
+from .config import ApiKey
+from .errors import InvalidApiKey
+
+ANONYMOUS = Principal(name="anonymous")
+
+
+class Authenticator:
+    def __init__(self, keys: tuple[ApiKey, ...]) -> None:
+        self._by_digest = {k.sha256: k.principal for k in keys}
+
+    @property
+    def open(self) -> bool:
+        """With no keys configured any caller is accepted (local use)."""
+        return not self._by_digest
+
+    def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        if not self._by_digest:
+            return ANONYMOUS
+        token = _bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
+        if not token:
+            raise InvalidApiKey(
+                "Missing proxy key: send it as 'Authorization: Bearer <key>'.",
+                should_retry=False,
+            )
+        principal = self._by_digest.get(hashlib.sha256(token.encode()).hexdigest())
+        if principal is None:
+            raise InvalidApiKey("Incorrect proxy key provided.", should_retry=False)
+        return principal
+
+
+def _bearer(value: str) -> str:
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""

@@ -1,0 +1,183 @@
+"""routing.yaml → frozen, typed configuration. The only reader of YAML and the environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .classify import ClassifySettings
+from .config_policy import ApiKey, parse_classify, parse_schedules
+from .config_providers import Provider, parse_models, parse_providers
+from .config_reader import ConfigError, Node, fail
+from .route import ModelRoute
+from .scheduler import SchedulerSettings, TierSpec
+from .schedules import Schedule
+
+__all__ = ["ApiKey", "Config", "ConfigError", "Provider", "load_config", "parse_config"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    max_attempts: int = 3  # upstream attempts per call, first one included
+    budget: float = 0.2  # retries per provider as a fraction of its calls
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 8.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 4 * 1024 * 1024
+    write_timeout_s: float = 30.0  # a client that stops reading frees its slot after this
+    exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized, on the loop
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen
+    tiers: tuple[TierSpec, ...]
+    scheduler: SchedulerSettings
+    classify: ClassifySettings
+    keys: tuple[ApiKey, ...]
+    providers: Mapping[str, Provider]
+    models: Mapping[str, ModelRoute]
+    schedules: tuple[Schedule, ...] = ()
+    timezone: str = "UTC"
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    limits: Limits = field(default_factory=Limits)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tiers)
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_config(data, os.environ if env is None else env)
+
+
+def parse_config(data: object, env: Mapping[str, str]) -> Config:
+    root = Node(data, "", env)
+    warnings: list[str] = []
+    listen_node = root.node("listen")
+    listen = Listen(listen_node.string("host", "127.0.0.1"), listen_node.integer("port", 8080))
+    listen_node.check_unknown()
+    tiers = _tiers(root)
+    names = tuple(t.name for t in tiers)
+    scheduler = _scheduler(root.node("scheduler"), tiers)
+    keys, classify = parse_classify(root.node("classify"), names, warnings)
+    providers, declared = parse_providers(root, warnings)
+    models = parse_models(root, names, providers, declared, warnings)
+    timezone, schedules = parse_schedules(root.node("schedules"), names)
+    retry_node = root.node("retry")
+    retry = RetrySettings(
+        max_attempts=retry_node.integer("max_attempts", 3, minimum=1),
+        budget=retry_node.number("budget", 0.2, maximum=1.0),
+        backoff_base_s=retry_node.number("backoff_base_s", 0.25),
+        backoff_max_s=retry_node.number("backoff_max_s", 8.0),
+    )
+    retry_node.check_unknown()
+    limits_node = root.node("limits")
+    limits = Limits(
+        max_body_bytes=limits_node.integer("max_body_bytes", 4 * 1024 * 1024, minimum=1),
+        write_timeout_s=limits_node.number("write_timeout_s", 30.0, positive=True),
+        exact_token_chars=limits_node.integer("exact_token_chars", 16_000),
+    )
+    limits_node.check_unknown()
+    root.check_unknown()
+    for message in warnings:
+        log.warning("%s", message)
+    return Config(
+        listen=listen, tiers=tiers, scheduler=scheduler, classify=classify, keys=keys,
+        providers=providers, models=models, schedules=schedules, timezone=timezone,
+        retry=retry, limits=limits, warnings=tuple(warnings),
+    )
+
+
+def _tiers(root: Node) -> tuple[TierSpec, ...]:
+    if not root.has("tiers"):
+        return (
+            TierSpec("critical", 8.0, 10.0), TierSpec("high", 4.0, 30.0),
+            TierSpec("normal", 2.0, 120.0), TierSpec("low", 1.0, 900.0),
+        )
+    tiers: list[TierSpec] = []
+    for path, node in root.items("tiers"):
+        name = node.string("name", required=True).strip()
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+            fail(f"{path}.name", "must be a word (letters, digits, '_' or '-')")
+        if name.lower() in (t.name.lower() for t in tiers):
+            fail(f"{path}.name", f"duplicate tier {name!r}")
+        tiers.append(TierSpec(
+            name=name,
+            weight=node.number("weight", 1.0, positive=True),
+            max_wait_s=node.number("max_wait_s", 120.0, positive=True),
+            max_queue=node.optional_integer("max_queue", minimum=1),
+            reserve=node.optional_integer("reserve"),
+        ))
+        node.check_unknown()
+    if not tiers:
+        fail("tiers", "must list at least one tier")
+    return tuple(tiers)
+
+
+def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
+    defaults = SchedulerSettings(tiers=tiers)
+    bounds = _floats(node, "level_bounds_s", defaults.level_bounds_s)
+    promote = _floats(node, "promote_after_s", defaults.promote_after_s)
+    if list(bounds) != sorted(bounds):
+        fail(node.sub("level_bounds_s"), "must be increasing")
+    if node.has("level_bounds_s") and not node.has("promote_after_s"):
+        promote = tuple(defaults.promote_after_s[-1] for _ in range(len(bounds) + 1))
+    if len(promote) != len(bounds) + 1:
+        fail(node.sub("promote_after_s"), f"needs one value per level ({len(bounds) + 1})")
+    tier_promote = (
+        node.number("tier_promote_after_s", positive=True)
+        if node.raw("tier_promote_after_s") is not None else defaults.tier_promote_after_s
+    )
+    settings = SchedulerSettings(
+        tiers=tiers,
+        max_queue=node.integer("max_queue", defaults.max_queue, minimum=1),
+        level_bounds_s=bounds,
+        promote_after_s=promote,
+        tier_promote_after_s=tier_promote,
+        headroom_scale=node.number("headroom_scale", defaults.headroom_scale),
+        headroom_horizon_s=node.number(
+            "headroom_horizon_s", defaults.headroom_horizon_s, positive=True
+        ),
+    )
+    node.check_unknown()
+    return settings
+
+
+def _floats(node: Node, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    value = node.raw(key)
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value
+    ):
+        fail(node.sub(key), "must be a list of positive numbers")
+    return tuple(float(v) for v in value)
+
+

@@ -1,0 +1,141 @@
+"""Parsing the classification and time-of-day sections of routing.yaml."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zoneinfo
+from dataclasses import dataclass
+
+from .classify import ClassifySettings, Principal, Rule
+from .config_reader import UNSET, Node, fail
+from .schedules import Schedule
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    sha256: str  # hex digest of the key; keys are looked up by hash, never compared as text
+    principal: Principal
+
+
+def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
+    if isinstance(value, str):
+        for i, name in enumerate(names):
+            if name.lower() == value.strip().lower():
+                return i
+    fail(path, f"unknown tier {value!r} (tiers: {', '.join(names)})")
+
+
+def parse_classify(
+    node: Node, names: tuple[str, ...], warnings: list[str]
+) -> tuple[tuple[ApiKey, ...], ClassifySettings]:
+    default_tier = tier_index(
+        node.raw("default_tier") or ("normal" if "normal" in names else names[-1]),
+        names, node.sub("default_tier"),
+    )
+    keys: list[ApiKey] = []
+    for path, key_node in node.items("keys"):
+        name = key_node.string("name", required=True)
+        tier = (
+            tier_index(key_node.raw("tier"), names, f"{path}.tier")
+            if key_node.raw("tier") is not None else None
+        )
+        max_tier = (
+            tier_index(key_node.raw("max_tier"), names, f"{path}.max_tier")
+            if key_node.raw("max_tier") is not None else 0
+        )
+        if key_node.has("key") == key_node.has("key_sha256"):
+            fail(path, "needs exactly one of 'key' or 'key_sha256'")
+        if key_node.has("key"):
+            secret = key_node.secret("key")
+            if secret is UNSET or secret == "":
+                warnings.append(f"{path}.key: environment variable not set; key {name!r} disabled")
+                key_node.check_unknown()
+                continue
+            digest = hashlib.sha256(str(secret).encode()).hexdigest()
+        else:
+            digest = key_node.string("key_sha256").strip().lower()
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                fail(f"{path}.key_sha256", "must be 64 hex digits")
+        if any(k.name == name for k in keys):
+            fail(f"{path}.name", f"duplicate key name {name!r}")
+        if any(k.sha256 == digest for k in keys):
+            fail(path, "the same key is listed twice")
+        keys.append(ApiKey(name, digest, Principal(name=name, tier=tier, max_tier=max_tier)))
+        key_node.check_unknown()
+    rules = tuple(_rule(path, rule_node, names) for path, rule_node in node.items("rules"))
+    node.check_unknown()
+    return tuple(keys), ClassifySettings(tier_names=names, default_tier=default_tier, rules=rules)
+
+
+def _rule(path: str, node: Node, names: tuple[str, ...]) -> Rule:
+    tier = tier_index(node.raw("tier"), names, f"{path}.tier")
+    match = node.node("match")
+    headers: dict[str, tuple[str, ...]] = {}
+    for header, values in match.mapping("header").items():
+        if isinstance(values, str):
+            values = [values]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            fail(f"{match.sub('header')}.{header}", "must be a string or a list of strings")
+        headers[header.lower()] = tuple(values)
+    pattern = match.optional_string("last_user_regex")
+    try:
+        compiled = re.compile(pattern) if pattern is not None else None
+    except re.error as exc:
+        fail(match.sub("last_user_regex"), f"invalid regular expression: {exc}")
+    stream_value = match.raw("stream")
+    if stream_value is not None and not isinstance(stream_value, bool):
+        fail(match.sub("stream"), "must be true or false")
+    rule = Rule(
+        tier=tier,
+        headers=headers,
+        models=match.string_list("model"),
+        keys=match.string_list("key"),
+        min_prompt_tokens=match.optional_integer("min_prompt_tokens"),
+        max_prompt_tokens=match.optional_integer("max_prompt_tokens"),
+        last_user_pattern=compiled,
+        stream=stream_value,
+    )
+    match.check_unknown()
+    node.check_unknown()
+    return rule
+
+
+def parse_schedules(node: Node, names: tuple[str, ...]) -> tuple[str, tuple[Schedule, ...]]:
+    timezone = node.string("timezone", "UTC")
+    try:
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        fail(node.sub("timezone"), f"unknown time zone {timezone!r}")
+    schedules: list[Schedule] = []
+    for path, s in node.items("windows"):
+        hours = s.string("hours", required=True)
+        match = re.fullmatch(r"\s*(\d{1,2})\s*-\s*(\d{1,2})\s*", hours)
+        if not match or int(match[1]) > 23 or int(match[2]) > 24 or match[1] == match[2]:
+            fail(f"{path}.hours", "must be START-END hours (0-23, 1-24), e.g. 18-23 or 22-6")
+        days = s.raw("days") or []
+        if not isinstance(days, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 7 for d in days
+        ):
+            fail(f"{path}.days", "must be a list of ISO weekdays 1 (Monday) .. 7 (Sunday)")
+        weights: dict[str, float] = {}
+        for tier, weight in s.mapping("weights").items():
+            tier_name = names[tier_index(tier, names, f"{path}.weights.{tier}")]
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+                fail(f"{path}.weights.{tier}", "must be a positive number")
+            weights[tier_name] = float(weight)
+        reserves: dict[str, int] = {}
+        for tier, reserve in s.mapping("reserves").items():
+            tier_name = names[tier_index(tier, names, f"{path}.reserves.{tier}")]
+            if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+                fail(f"{path}.reserves.{tier}", "must be an integer >= 0")
+            reserves[tier_name] = reserve
+        schedules.append(Schedule(
+            name=s.string("name", f"window{len(schedules)}"),
+            start_hour=int(match[1]), end_hour=int(match[2]), days=tuple(days),
+            weights=weights, reserves=reserves,
+        ))
+        s.check_unknown()
+    node.check_unknown()
+    return timezone, tuple(schedules)

@@ -1,0 +1,226 @@
+"""Parsing the providers and models sections of routing.yaml."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .breaker import BreakerSettings
+from .config_policy import tier_index
+from .config_reader import UNSET, Node, fail
+from .route import STRATEGIES, Degradation, Deployment, ModelRoute
+from .simulated import SimSettings
+from .upstream import Timeouts
+
+PROVIDER_KINDS = ("openai", "azure", "simulated")
+FORWARDED_SERVICE_TIERS = ("openai",)
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    kind: str
+    max_concurrency: int
+    base_url: str = ""
+    api_key: str = field(default="", repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    query: Mapping[str, str] = field(default_factory=dict)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    accepts_service_tier: bool = False
+    rpm: int | None = None
+    tpm: int | None = None
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    sim: SimSettings | None = None
+
+
+def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider], set[str]]:
+    """The enabled providers, and the names of all declared ones (disabled included)."""
+    providers: dict[str, Provider] = {}
+    declared: set[str] = set()
+    for path, node in root.items("providers"):
+        name = node.string("name", required=True)
+        if name in declared:
+            fail(f"{path}.name", f"duplicate provider {name!r}")
+        kind = node.string("kind", "openai")
+        if kind not in PROVIDER_KINDS:
+            fail(f"{path}.kind", f"must be one of {', '.join(PROVIDER_KINDS)}")
+        declared.add(name)
+        max_concurrency = node.integer("max_concurrency", 10, minimum=1)
+        timeouts_node = node.node("timeouts")
+        timeouts = Timeouts(
+            connect_s=timeouts_node.number("connect_s", 10.0, positive=True),
+            first_byte_s=timeouts_node.number("first_byte_s", 60.0, positive=True),
+            idle_s=timeouts_node.number("idle_s", 60.0, positive=True),
+            response_s=timeouts_node.number("response_s", 600.0, positive=True),
+        )
+        timeouts_node.check_unknown()
+        breaker = _breaker(node.node("breaker"))
+        common = {
+            "name": name, "kind": kind, "max_concurrency": max_concurrency,
+            "timeouts": timeouts, "breaker": breaker,
+            "rpm": node.optional_integer("rpm", minimum=1),
+            "tpm": node.optional_integer("tpm", minimum=1),
+        }
+        if kind == "simulated":
+            sim_node = node.node("simulate")
+            sim = SimSettings(
+                ttft_s=sim_node.number("ttft_s", 0.2),
+                tokens_per_s=sim_node.number("tokens_per_s", 50.0, positive=True),
+                prefill_tokens_per_s=sim_node.number("prefill_tokens_per_s", 0.0),
+                default_output_tokens=sim_node.integer("default_output_tokens", 64, minimum=1),
+                error_rate=sim_node.number("error_rate", 0.0, maximum=1.0),
+                capacity=sim_node.optional_integer("capacity", minimum=1),
+                seed=sim_node.optional_integer("seed"),
+            )
+            sim_node.check_unknown()
+            provider = Provider(sim=sim, **common)  # type: ignore[arg-type]
+        else:
+            provider_or_none = _http_provider(path, node, kind, common, warnings)
+            node.check_unknown()
+            if provider_or_none is None:
+                continue
+            provider = provider_or_none
+        node.check_unknown()
+        providers[name] = provider
+    return providers, declared
+
+
+def _http_provider(
+    path: str, node: Node, kind: str, common: dict[str, object], warnings: list[str]
+) -> Provider | None:
+    base_url = node.string("base_url", required=True).rstrip("/")
+    if not re.match(r"https?://[^/\s]+", base_url):
+        fail(f"{path}.base_url", "must be an http:// or https:// URL")
+    api_key = node.secret("api_key", "")
+    headers = {str(k): str(v) for k, v in node.mapping("headers").items()}
+    accepts = node.boolean("accepts_service_tier", kind in FORWARDED_SERVICE_TIERS)
+    api_version = node.optional_string("api_version")
+    if api_key is UNSET:
+        warnings.append(
+            f"{path}.api_key: environment variable not set; provider {common['name']!r} disabled"
+        )
+        return None
+    query: dict[str, str] = {}
+    if kind == "azure":
+        if api_version is None:
+            fail(f"{path}.api_version", "is required for kind azure")
+        query["api-version"] = api_version
+    elif api_version is not None:
+        fail(f"{path}.api_version", "only applies to kind azure")
+    return Provider(
+        base_url=base_url, api_key=str(api_key), headers=headers, query=query,
+        accepts_service_tier=accepts, **common,  # type: ignore[arg-type]
+    )
+
+
+def _breaker(node: Node) -> BreakerSettings:
+    d = BreakerSettings()
+    settings = BreakerSettings(
+        consecutive_failures=node.integer("consecutive_failures", d.consecutive_failures,
+                                          minimum=1),
+        error_rate=node.number("error_rate", d.error_rate, maximum=1.0),
+        window_s=node.number("window_s", d.window_s, positive=True),
+        min_calls=node.integer("min_calls", d.min_calls, minimum=1),
+        cooldown_s=node.number("cooldown_s", d.cooldown_s, positive=True),
+        cooldown_max_s=node.number("cooldown_max_s", d.cooldown_max_s, positive=True),
+        half_open_probes=node.integer("half_open_probes", d.half_open_probes, minimum=1),
+    )
+    node.check_unknown()
+    return settings
+
+
+def parse_models(
+    root: Node,
+    names: tuple[str, ...],
+    providers: Mapping[str, Provider],
+    declared: set[str],
+    warnings: list[str],
+) -> dict[str, ModelRoute]:
+    models: dict[str, ModelRoute] = {}
+    for public, value in root.mapping("models").items():
+        path = f"models.{public}"
+        node = Node({"candidates": value} if isinstance(value, list) else value, path, root.env)
+        strategy = node.string("strategy", "ordered")
+        if strategy not in STRATEGIES:
+            fail(f"{path}.strategy", f"must be one of {', '.join(STRATEGIES)}")
+        tier_strategies: dict[str, str] = {}
+        for tier, tier_strategy in node.mapping("tiers").items():
+            tier_name = names[tier_index(tier, names, f"{path}.tiers.{tier}")]
+            if tier_strategy not in STRATEGIES:
+                fail(f"{path}.tiers.{tier}", f"must be one of {', '.join(STRATEGIES)}")
+            tier_strategies[tier_name] = str(tier_strategy)
+        max_cost: dict[str, float] = {}
+        for tier, cost in node.mapping("max_cost").items():
+            tier_name = names[tier_index(tier, names, f"{path}.max_cost.{tier}")]
+            if isinstance(cost, bool) or not isinstance(cost, int | float) or cost <= 0:
+                fail(f"{path}.max_cost.{tier}", "must be a positive number")
+            max_cost[tier_name] = float(cost)
+        candidates = _candidates(path if isinstance(value, list) else f"{path}.candidates",
+                                 node, providers, declared)
+        degradation = _degradation(node, names, candidates) if node.has("degrade") else None
+        node.check_unknown()
+        if not candidates:
+            warnings.append(f"{path}: no enabled provider; the model answers 503")
+        models[public] = ModelRoute(
+            name=public, candidates=candidates, strategy=strategy,
+            tier_strategies=tier_strategies, max_cost=max_cost, degradation=degradation,
+        )
+    if not models:
+        fail("models", "must name at least one model")
+    return models
+
+
+def _candidates(
+    path: str, node: Node, providers: Mapping[str, Provider], declared: set[str]
+) -> tuple[Deployment, ...]:
+    raw = node.raw("candidates")
+    if not isinstance(raw, list) or not raw:
+        fail(path, "must be a non-empty list of {provider, model}")
+    result: list[Deployment] = []
+    for i, item in enumerate(raw):
+        item_path = f"{path}[{i}]"
+        c = Node(item, item_path, node.env)
+        provider = c.string("provider", required=True)
+        deployment = Deployment(
+            provider=provider,
+            model=c.string("model", required=True),
+            input_cost=c.number("input_cost", 0.0),
+            output_cost=c.number("output_cost", 0.0),
+            quality=c.number("quality", 0.5, maximum=1.0),
+            weight=c.number("weight", 1.0, positive=True),
+        )
+        c.check_unknown()
+        if provider not in providers:
+            if provider in declared:
+                continue  # disabled (secret unset); already warned
+            fail(f"{item_path}.provider", f"unknown provider {provider!r}")
+        if any(d.key == deployment.key for d in result):
+            fail(item_path, f"duplicate deployment {deployment.key!r}")
+        result.append(deployment)
+    return tuple(result)
+
+
+def _degradation(
+    node: Node, names: tuple[str, ...], candidates: tuple[Deployment, ...]
+) -> Degradation:
+    d = node.node("degrade")
+    allow = d.string_list("allow")
+    keys = {c.key for c in candidates}
+    for i, key in enumerate(allow):
+        if key not in keys:
+            fail(f"{d.sub('allow')}[{i}]", f"not a candidate of this model: {sorted(keys)}")
+    tiers = tuple(
+        names[tier_index(t, names, f"{d.sub('tiers')}[{i}]")]
+        for i, t in enumerate(d.string_list("tiers"))
+    )
+    degradation = Degradation(
+        max_wait_s=d.number("max_wait_s", positive=True),
+        allow=allow,
+        shed_wait_s=d.optional_number("shed_wait_s", positive=True),
+        tiers=tiers,
+    )
+    d.check_unknown()
+    return degradation
+
+

@@ -1,0 +1,172 @@
+"""Learned expectations: output tokens per (key, model) and service time per deployment.
+
+Both are exponentially weighted moving averages that start from a prior. The first few
+observations are averaged with the prior as if it were one more sample, so a fresh model
+converges in a handful of calls instead of ``1 / alpha`` calls. Memory is bounded by LRU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+DEFAULT_OUTPUT_PRIOR = 256
+DEFAULT_TTFT_PRIOR_S = 0.5
+DEFAULT_SECONDS_PER_TOKEN_PRIOR = 0.02
+# Prefill speed is not learned separately (one observation cannot split it from queueing
+# at the provider); a typical hosted model prefills about 10k tokens a second.
+DEFAULT_PREFILL_SECONDS_PER_TOKEN = 0.0001
+
+
+@dataclass
+class Ewma:
+    """A moving average that treats its prior as one sample while young."""
+
+    value: float
+    samples: int = 0
+
+    def update(self, observed: float, alpha: float) -> None:
+        self.samples += 1
+        weight = max(alpha, 1.0 / (self.samples + 1))
+        self.value += weight * (observed - self.value)
+
+
+def _check_alpha(alpha: float) -> None:
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+
+
+class OutputEstimator:
+    """Expected output tokens of a call.
+
+    ``max_tokens`` (or ``max_completion_tokens``) when the client sent it, as issue 3
+    asks; with ``trust_max_tokens=False`` the learned average capped by it instead, which
+    predicts better when clients send a generous limit. Otherwise the average for the
+    (key, model) pair, falling back to the model's average across keys, then the prior.
+    """
+
+    def __init__(
+        self,
+        prior: int = DEFAULT_OUTPUT_PRIOR,
+        alpha: float = 0.2,
+        max_entries: int = 10_000,
+        trust_max_tokens: bool = True,
+    ) -> None:
+        _check_alpha(alpha)
+        self._prior = prior
+        self._alpha = alpha
+        self._trust_max_tokens = trust_max_tokens
+        self._by_pair: LRUCache[tuple[str, str], Ewma] = LRUCache(maxsize=max_entries)
+        self._by_model: LRUCache[str, Ewma] = LRUCache(maxsize=max_entries)
+
+    def expect(self, key: str, model: str, max_tokens: int | None) -> int:
+        limit = max_tokens if max_tokens is not None and max_tokens > 0 else None
+        if limit is not None and self._trust_max_tokens:
+            return limit
+        learned = self._by_pair.get((key, model))
+        if learned is None:
+            learned = self._by_model.get(model)
+        expected = max(1, round(self._prior if learned is None else learned.value))
+        return expected if limit is None else min(expected, limit)
+
+    def observe(self, key: str, model: str, output_tokens: int) -> None:
+        observed = float(max(0, output_tokens))
+        pair = self._by_pair.get((key, model))
+        if pair is None:
+            pair = self._by_pair[(key, model)] = Ewma(float(self._prior))
+        per_model = self._by_model.get(model)
+        if per_model is None:
+            per_model = self._by_model[model] = Ewma(float(self._prior))
+        pair.update(observed, self._alpha)
+        per_model.update(observed, self._alpha)
+
+
+@dataclass
+class _Deployment:
+    ttft_s: Ewma
+    seconds_per_token: Ewma
+
+
+class LatencyModel:
+    """Expected time to first token and per output token, per deployment.
+
+    Service time = time to first token (plus prefill of prompt tokens beyond what the
+    learned average already holds) + output tokens x seconds per token.
+    """
+
+    def __init__(
+        self,
+        ttft_prior_s: float = DEFAULT_TTFT_PRIOR_S,
+        seconds_per_token_prior: float = DEFAULT_SECONDS_PER_TOKEN_PRIOR,
+        prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN,
+        alpha: float = 0.2,
+        max_entries: int = 1_000,
+    ) -> None:
+        _check_alpha(alpha)
+        self._ttft_prior_s = ttft_prior_s
+        self._seconds_per_token_prior = seconds_per_token_prior
+        self._prefill = prefill_seconds_per_token
+        self._alpha = alpha
+        self._deployments: LRUCache[str, _Deployment] = LRUCache(maxsize=max_entries)
+
+    def expect_ttft_s(self, deployment: str) -> float | None:
+        """Learned base time to first token, or None before any observation."""
+        state = self._deployments.get(deployment)
+        if state is None or state.ttft_s.samples == 0:
+            return None
+        return state.ttft_s.value
+
+    def expect_seconds_per_token(self, deployment: str) -> float:
+        state = self._deployments.get(deployment)
+        return state.seconds_per_token.value if state else self._seconds_per_token_prior
+
+    def expect_service_s(self, deployment: str, prompt_tokens: int, output_tokens: int) -> float:
+        state = self._deployments.get(deployment)
+        ttft = state.ttft_s.value if state else self._ttft_prior_s
+        per_token = state.seconds_per_token.value if state else self._seconds_per_token_prior
+        prefill = max(0, prompt_tokens) * self._prefill
+        return ttft + prefill + max(0, output_tokens) * per_token
+
+    def observe(
+        self,
+        deployment: str,
+        ttft_s: float | None,
+        output_tokens: int,
+        total_s: float,
+        prompt_tokens: int = 0,
+    ) -> None:
+        """Learn from one completed call.
+
+        ``ttft_s`` is None when it is unknown (a non-streamed response); then only the
+        per-token time is learned, from the part of ``total_s`` beyond the expected TTFT.
+        """
+        state = self._deployments.get(deployment)
+        if state is None:
+            state = _Deployment(
+                Ewma(self._ttft_prior_s), Ewma(self._seconds_per_token_prior)
+            )
+            self._deployments[deployment] = state
+        prefill = max(0, prompt_tokens) * self._prefill
+        total_s = max(0.0, total_s)
+        if ttft_s is not None:
+            first_token_at = min(max(0.0, ttft_s), total_s)
+            state.ttft_s.update(max(0.0, first_token_at - prefill), self._alpha)
+            # The first token arrives at ttft; the rest stream after it.
+            streamed = output_tokens - 1
+        else:
+            first_token_at = state.ttft_s.value + prefill
+            streamed = output_tokens
+        # A non-streamed call faster than the expected TTFT cannot be split; skip it
+        # rather than teach a per-token time of zero.
+        if streamed > 0 and total_s > first_token_at:
+            state.seconds_per_token.update((total_s - first_token_at) / streamed, self._alpha)
+
+
+def relative_error(predicted: float, actual: float, floor: float = 1.0) -> float:
+    """Signed relative error ``(predicted - actual) / actual``; positive means over-estimate.
+
+    ``floor`` bounds the denominator from below (e.g. 1 token, or 0.01 s) so a zero
+    actual does not produce an infinity in a histogram.
+    """
+    return (predicted - actual) / max(actual, floor)

@@ -1,0 +1,407 @@
+"""The proxied call: classify, estimate, route, wait for a slot, forward, relay.
+
+Before the first byte reaches the client a failed attempt may move on to the next
+candidate (bounded by ``retry.max_attempts`` and the provider's retry budget); after it,
+never: a broken upstream ends the stream with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+from .classify import RequestFacts, classify
+from .errors import (
+    ModelNotFound,
+    ProxyError,
+    UpstreamError,
+    UpstreamUnavailable,
+)
+from .estimate import relative_error
+from .keys import REQUEST_ID, SERVICE, TIER
+from .relay import StreamTally, error_event
+from .request import Call, parse_call
+from .retry import backoff_s, parse_retry_after
+from .route import Deployment, ModelRoute, rank
+from .scheduler import Ticket
+from .service import ProviderRuntime, Service
+from .upstream import UpstreamRequest, UpstreamResponse
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding",
+    "set-cookie", "date", "server", "x-request-id",
+})
+FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent", "x-request-id")
+
+
+@dataclass
+class Plan:
+    call: Call
+    route: ModelRoute
+    tier: int
+    tier_name: str
+    prompt_tokens: int
+    output_tokens: int
+    key: str
+    queue_s: float = 0.0
+    tried: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Failure:
+    """An attempt that failed before anything reached the client."""
+
+    error: ProxyError
+    status: int | None = None
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    retry_after_s: float | None = None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await forward(request, "/chat/completions", chat=True)
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await forward(request, "/embeddings", chat=False)
+
+
+async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    principal = service.auth.authenticate(request.headers)
+    call = parse_call(await request.read(), chat=chat)
+    route = service.config.models.get(call.model)
+    if route is None:
+        raise ModelNotFound(
+            f"The model '{call.model}' does not exist on this proxy.", param="model",
+            should_retry=False,
+        )
+    messages = call.body.get("messages")
+    exact_chars = service.config.limits.exact_token_chars
+    prompt_tokens = (
+        service.counter.count_messages(messages, exact_chars) if chat
+        else service.counter.count_input(call.body.get("input"), exact_chars)
+    )
+    facts = RequestFacts(
+        headers=request.headers,
+        model=call.model,
+        prompt_tokens=prompt_tokens,
+        last_user_message=service.counter.last_user_message(messages) if chat else "",
+        stream=call.stream,
+        service_tier=call.service_tier,
+    )
+    tier = classify(facts, principal, service.config.classify).tier
+    tier_name = service.config.tier_names[tier]
+    request[TIER] = tier_name
+    output_tokens = (
+        service.outputs.expect(principal.name, call.model, call.max_tokens) if chat else 0
+    )
+    plan = Plan(call, route, tier, tier_name, prompt_tokens, output_tokens, principal.name)
+    return await _attempts(service, request, path, plan)
+
+
+async def _attempts(
+    service: Service, request: web.Request, path: str, plan: Plan
+) -> web.StreamResponse:
+    retry = service.config.retry
+    last: Failure | None = None
+    for attempt in range(retry.max_attempts):
+        now = service.clock.now()
+        usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
+                      service.deployment_stats(now), service.rng)
+        fresh = [d for d in usable if d.key not in plan.tried]
+        if not fresh and attempt and usable:
+            # Only the deployments already tried are left: back off before trying again.
+            await asyncio.sleep(backoff_s(
+                attempt, service.rng, base=retry.backoff_base_s, cap=retry.backoff_max_s,
+                retry_after_s=last.retry_after_s if last else None,
+            ))
+            fresh = usable
+        if not fresh:
+            break
+        outcome = await _one_attempt(service, request, path, plan, fresh)
+        if outcome is None:
+            break  # the retry budget of the provider is spent
+        if not isinstance(outcome, Failure):
+            return outcome
+        last = outcome
+    if last is not None:
+        return _final_failure(last, plan)
+    raise _unavailable(service, plan)
+
+
+def _unavailable(service: Service, plan: Plan) -> UpstreamUnavailable:
+    now = service.clock.now()
+    retry_at = min(
+        (service.breakers[d.key].retry_at(now) for d in plan.route.candidates), default=now + 1
+    )
+    return UpstreamUnavailable(
+        f"Every provider for '{plan.call.model}' is unavailable.",
+        retry_after=max(retry_at - now, 1.0) if math.isfinite(retry_at) else 1.0,
+    )
+
+
+async def _one_attempt(
+    service: Service,
+    request: web.Request,
+    path: str,
+    plan: Plan,
+    ranked: list[Deployment],
+) -> web.StreamResponse | Failure | None:
+    """One attempt through admission; None when the provider's retry budget refuses it.
+
+    Moving on to another provider is a fallback and free; only a second attempt on a
+    provider this call already tried spends that provider's retry budget.
+    """
+    providers = tuple(dict.fromkeys(d.provider for d in ranked))
+    estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
+                                                plan.output_tokens)
+    ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate)
+    async with service.admission.slot(ticket) as provider_name:
+        plan.queue_s += ticket.dispatched_at - ticket.arrived
+        service.metrics.queue_wait.labels(plan.tier_name).observe(
+            ticket.dispatched_at - ticket.arrived
+        )
+        deployment = next(d for d in ranked if d.provider == provider_name)
+        retry = any(key.startswith(provider_name + "/") for key in plan.tried)
+        plan.tried.add(deployment.key)
+        provider = service.providers[provider_name]
+        started = service.clock.now()
+        if retry:
+            if not provider.budget.try_retry(started):
+                return None
+        else:
+            provider.budget.on_call(started)
+        breaker = service.breakers[deployment.key]
+        if not breaker.acquire(started):
+            return Failure(UpstreamUnavailable(f"{deployment.key} became unavailable"))
+        result: tuple[web.StreamResponse | Failure, str] | None = None
+        try:
+            result = await _call(service, request, path, plan, provider, deployment)
+            return result[0]
+        finally:
+            outcome, verdict = result if result is not None else (None, "abandon")
+            retry_after = outcome.retry_after_s if isinstance(outcome, Failure) else None
+            _record_verdict(service, provider, deployment, verdict, retry_after, started)
+
+
+def _record_verdict(
+    service: Service, provider: ProviderRuntime, deployment: Deployment, verdict: str,
+    retry_after_s: float | None, started: float,
+) -> None:
+    now = service.clock.now()
+    breaker = service.breakers[deployment.key]
+    service.metrics.attempts.labels(deployment.provider, verdict).inc()
+    if verdict == "success":
+        breaker.on_success(now, started)
+        limit = provider.concurrency.limit
+        if provider.concurrency.on_success(now) != limit:
+            service.set_limit(deployment.provider, provider.concurrency.limit)
+    elif verdict == "failure":
+        breaker.on_failure(now, started)
+    elif verdict == "throttle":
+        breaker.on_throttle(now, retry_after_s, started)
+        limit = provider.concurrency.limit
+        if provider.concurrency.on_throttle(now) != limit:
+            service.set_limit(deployment.provider, provider.concurrency.limit)
+    else:
+        breaker.on_abandon(now, started)
+
+
+async def _call(
+    service: Service,
+    request: web.Request,
+    path: str,
+    plan: Plan,
+    provider: ProviderRuntime,
+    deployment: Deployment,
+) -> tuple[web.StreamResponse | Failure, str]:
+    """One upstream attempt; returns what to answer (or the failure) and the breaker verdict."""
+    call = plan.call
+    strip_usage = call.stream and path == "/chat/completions" and not call.wants_usage
+    upstream_request = UpstreamRequest(
+        path=path,
+        body=_upstream_body(call, deployment, provider, strip_usage),
+        model=deployment.model,
+        stream=call.stream,
+        headers={h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers},
+    )
+    started = service.clock.now()
+    try:
+        response = await provider.upstream.send(upstream_request, provider.config.timeouts)
+    except UpstreamError as exc:
+        return Failure(exc), "failure"
+    try:
+        if response.status == 429 or response.status >= 500:
+            return await _failed_response(response, service.clock.wall()), (
+                "throttle" if response.status == 429 else "failure"
+            )
+        if not call.stream or response.status != 200:
+            data = await response.read()
+            answer = web.Response(body=data, status=response.status,
+                                  headers=_answer_headers(request, plan, deployment, response))
+            if response.status == 200:
+                _account_json(service, plan, deployment, data, started)
+            return answer, "success"
+        chunks = response.chunks()
+        first = await anext(chunks, b"")
+        if not first:
+            return Failure(UpstreamError("upstream stream ended before any data")), "failure"
+        ttft = service.clock.now() - started
+        return await _relay(service, request, plan, deployment, response, chunks, first,
+                            strip_usage, started, ttft)
+    except UpstreamError as exc:
+        return Failure(exc), "failure"
+    finally:
+        response.close()
+
+
+def _upstream_body(
+    call: Call, deployment: Deployment, provider: ProviderRuntime, add_usage: bool
+) -> bytes:
+    body = dict(call.body)
+    body["model"] = deployment.model
+    if not provider.config.accepts_service_tier:
+        body.pop("service_tier", None)
+    if add_usage:
+        body["stream_options"] = {**(call.body.get("stream_options") or {}), "include_usage": True}
+    return orjson.dumps(body)
+
+
+async def _failed_response(response: UpstreamResponse, wall_now: float) -> Failure:
+    body = await response.read()
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    return Failure(
+        UpstreamError(f"upstream answered {response.status}"),
+        status=response.status,
+        body=body,
+        headers=headers,
+        retry_after_s=parse_retry_after(response.headers, wall_now),
+    )
+
+
+def _final_failure(last: Failure, plan: Plan) -> web.StreamResponse:
+    if last.status is None:
+        raise last.error
+    headers = dict(last.headers)
+    headers["x-proxy-tier"] = plan.tier_name
+    headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
+    return web.Response(body=last.body, status=last.status, headers=headers)
+
+
+def _answer_headers(
+    request: web.Request, plan: Plan, deployment: Deployment, response: UpstreamResponse
+) -> dict[str, str]:
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers["x-request-id"] = request[REQUEST_ID]
+    headers["x-proxy-tier"] = plan.tier_name
+    headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
+    headers["x-proxy-upstream"] = deployment.key
+    return headers
+
+
+class _ClientGone(Exception):
+    """The client stopped reading (write timed out) or disconnected."""
+
+
+async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except (TimeoutError, ConnectionResetError) as exc:
+        raise _ClientGone() from exc
+
+
+async def _relay(
+    service: Service,
+    request: web.Request,
+    plan: Plan,
+    deployment: Deployment,
+    response: UpstreamResponse,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    strip_usage: bool,
+    started: float,
+    ttft: float,
+) -> tuple[web.StreamResponse, str]:
+    """Past the commit point: relay chunks as they come; errors become an SSE error event."""
+    answer = web.StreamResponse(headers=_answer_headers(request, plan, deployment, response))
+    answer.headers.setdefault("cache-control", "no-cache")
+    timeout_s = service.config.limits.write_timeout_s
+    tally = StreamTally(strip_usage)
+    verdict = "success"
+    try:
+        await answer.prepare(request)
+        await _write(answer, tally.feed(first), timeout_s)
+        async for chunk in chunks:
+            data = tally.feed(chunk)
+            if data:
+                await _write(answer, data, timeout_s)
+        rest = tally.flush()
+        if rest:
+            await _write(answer, rest, timeout_s)
+        await answer.write_eof()
+    except UpstreamError as exc:
+        verdict = "failure"
+        service.metrics.stream_errors.labels(deployment.provider, exc.code).inc()
+        with contextlib.suppress(_ClientGone):
+            await _write(answer, error_event(f"upstream stream failed: {exc.message}", exc.code),
+                         timeout_s)
+    except _ClientGone:
+        verdict = "abandon"
+        service.metrics.stream_errors.labels(deployment.provider, "client_gone").inc()
+    finally:
+        response.close()
+    usage = tally.usage or {}
+    completion = usage.get("completion_tokens")
+    _account(service, plan, deployment, usage.get("prompt_tokens"),
+             completion if isinstance(completion, int) else max(tally.events - 2, 0),
+             ttft, service.clock.now() - started)
+    return answer, verdict
+
+
+def _account_json(
+    service: Service, plan: Plan, deployment: Deployment, data: bytes, started: float
+) -> None:
+    try:
+        usage = orjson.loads(data).get("usage") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        usage = {}
+    completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    _account(service, plan, deployment, prompt,
+             completion if isinstance(completion, int) else plan.output_tokens, None,
+             service.clock.now() - started)
+
+
+def _account(
+    service: Service,
+    plan: Plan,
+    deployment: Deployment,
+    prompt: object,
+    completion: int,
+    ttft_s: float | None,
+    total_s: float,
+) -> None:
+    prompt_tokens = prompt if isinstance(prompt, int) else plan.prompt_tokens
+    metrics = service.metrics
+    metrics.tokens.labels(deployment.provider, "prompt").inc(prompt_tokens)
+    metrics.tokens.labels(deployment.provider, "completion").inc(completion)
+    metrics.cost.labels(plan.key, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
+    if plan.output_tokens:
+        metrics.estimate_error.labels("output_tokens").observe(
+            abs(relative_error(plan.output_tokens, completion))
+        )
+    predicted_s = service.latency.expect_service_s(deployment.key, prompt_tokens, completion)
+    metrics.estimate_error.labels("service_seconds").observe(
+        abs(relative_error(predicted_s, total_s, floor=0.01))
+    )
+    service.outputs.observe(plan.key, plan.call.model, completion)
+    service.latency.observe(deployment.key, ttft_s, completion, total_s, prompt_tokens)

@@ -1,0 +1,20 @@
+"""Typed keys for the state aiohttp keeps on the app and on each request."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .service import Service
+
+
+class Lifecycle:
+    """Whether the app still takes new work (readiness)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+
+
+SERVICE = web.AppKey("service", Service)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+REQUEST_ID = web.RequestKey("request_id", str)
+TIER = web.RequestKey("tier", str)

@@ -1,0 +1,289 @@
+"""Provider limits, as pure state driven by ``now`` (monotonic seconds).
+
+- ``RollingCounts``: counters over a rolling window in a fixed ring of buckets.
+- ``TokenBucket`` / ``ProviderLimits``: rpm and tpm buckets per deployment, plus the
+  upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
+- ``AdaptiveConcurrency``: AIMD on the deployment's concurrency limit, driven by 429s.
+
+Retry policy (budget, backoff, ``retry-after``) is in ``proxy.retry``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Mapping
+
+
+class RollingCounts:
+    """Named counters over the last ``window_s`` seconds.
+
+    Time is cut into ``buckets`` slots of ``window_s / buckets``; the window is the current
+    slot and the ones before it, so memory stays bounded whatever the call rate.
+    """
+
+    def __init__(self, window_s: float, buckets: int = 10) -> None:
+        if window_s <= 0 or buckets < 1:
+            raise ValueError("window_s must be positive and buckets at least 1")
+        self._slot_s = window_s / buckets
+        self._buckets = buckets
+        self._ring: deque[tuple[int, dict[str, int]]] = deque()
+
+    def add(self, name: str, now: float, n: int = 1) -> None:
+        slot = self._prune(now)
+        if not self._ring or self._ring[-1][0] < slot:
+            self._ring.append((slot, {}))
+        counts = self._ring[-1][1]
+        counts[name] = counts.get(name, 0) + n
+
+    def total(self, name: str, now: float) -> int:
+        self._prune(now)
+        return sum(counts.get(name, 0) for _, counts in self._ring)
+
+    def clear(self) -> None:
+        self._ring.clear()
+
+    def _prune(self, now: float) -> int:
+        slot = math.floor(now / self._slot_s)
+        while self._ring and self._ring[0][0] <= slot - self._buckets:
+            self._ring.popleft()
+        return slot
+
+
+# Refill arithmetic leaves float dust; a shortfall smaller than this is no shortfall.
+EPSILON = 1e-9
+
+
+class TokenBucket:
+    """``rate_per_min`` tokens a minute, holding at most ``burst`` (default: one minute's worth).
+
+    The level may go negative after ``adjust`` charges more than was estimated; that debt is
+    repaid by the refill before anything else is taken.
+    """
+
+    def __init__(self, rate_per_min: float, burst: float | None = None) -> None:
+        if rate_per_min <= 0:
+            raise ValueError("rate_per_min must be positive")
+        self.rate_per_min = rate_per_min
+        self.capacity = rate_per_min if burst is None else burst
+        if self.capacity <= 0:
+            raise ValueError("burst must be positive")
+        self._level = self.capacity
+        self._updated: float | None = None
+
+    def level(self, now: float) -> float:
+        self._refill(now)
+        return self._level
+
+    def wait_s(self, n: float, now: float) -> float:
+        """Seconds until ``n`` could be taken; 0.0 if now. Takes nothing.
+
+        A request larger than the whole bucket goes once the bucket is full (and leaves it in
+        debt), so an oversized call is slowed, never refused forever.
+        """
+        self._refill(now)
+        shortfall = min(n, self.capacity) - self._level
+        if shortfall <= EPSILON:
+            return 0.0
+        return shortfall * 60.0 / self.rate_per_min
+
+    def take(self, n: float, now: float) -> float:
+        """Take ``n`` and return 0.0, or take nothing and return the seconds to wait."""
+        wait = self.wait_s(n, now)
+        if wait == 0.0:
+            self._level -= n
+        return wait
+
+    def adjust(self, delta: float, now: float) -> None:
+        """Give back (positive) or charge (negative) tokens, e.g. estimated minus actual."""
+        self._refill(now)
+        self._level = min(self.capacity, self._level + delta)
+
+    def _refill(self, now: float) -> None:
+        if self._updated is not None and now > self._updated:
+            gained = (now - self._updated) * self.rate_per_min / 60.0
+            self._level = min(self.capacity, self._level + gained)
+        if self._updated is None or now > self._updated:
+            self._updated = now
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in an ``x-ratelimit-reset-*`` value: ``"1s"``, ``"6m0s"``, ``"20ms"``,
+    ``"1h2m3.5s"``, or a bare number of seconds. None if it is not one of those."""
+    text = text.strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    total = 0.0
+    position = 0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            return None
+        total += float(match.group(1)) * scale[match.group(2)]
+        position = match.end()
+    if position == 0 or position != len(text):
+        return None
+    return total
+
+
+def lowercase_keys(headers: Mapping[str, str]) -> dict[str, str]:
+    return {key.lower(): value for key, value in headers.items()}
+
+
+class _UpstreamQuota:
+    """What the provider last said it has left of one limit, until its reset time."""
+
+    def __init__(self) -> None:
+        self.remaining = math.inf
+        self.reset_at = -math.inf
+
+    def wait_s(self, need: float, now: float) -> float:
+        if now >= self.reset_at or self.remaining >= need:
+            return 0.0
+        return self.reset_at - now
+
+    def spend(self, amount: float, now: float) -> None:
+        if now < self.reset_at:
+            self.remaining -= amount
+
+
+class ProviderLimits:
+    """A deployment's rpm/tpm buckets plus the upstream's ``x-ratelimit-*`` headers.
+
+    ``rpm`` / ``tpm`` of None means no local limit of that kind. The headers are honoured
+    whether or not local limits are configured: once the provider reports fewer requests or
+    tokens remaining than a call needs, calls wait for its reset (at most ``max_pause_s``).
+    """
+
+    def __init__(
+        self,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        *,
+        max_pause_s: float = 120.0,
+        default_reset_s: float = 1.0,
+    ) -> None:
+        self.requests = None if rpm is None else TokenBucket(rpm)
+        self.tokens = None if tpm is None else TokenBucket(tpm)
+        self.max_pause_s = max_pause_s
+        self.default_reset_s = default_reset_s
+        self._upstream_requests = _UpstreamQuota()
+        self._upstream_tokens = _UpstreamQuota()
+
+    def wait_s(self, tokens: int, now: float) -> float:
+        """Seconds until a call of ``tokens`` (prompt + expected output) could go. Takes nothing."""
+        waits = [
+            self._upstream_requests.wait_s(1, now),
+            self._upstream_tokens.wait_s(tokens, now),
+        ]
+        if self.requests is not None:
+            waits.append(self.requests.wait_s(1, now))
+        if self.tokens is not None:
+            waits.append(self.tokens.wait_s(tokens, now))
+        return max(waits)
+
+    def check(self, tokens: int, now: float) -> float:
+        """0.0 and the call's share is taken; otherwise the seconds to wait (nothing taken)."""
+        wait = self.wait_s(tokens, now)
+        if wait > 0.0:
+            return wait
+        if self.requests is not None:
+            self.requests.take(1, now)
+        if self.tokens is not None:
+            self.tokens.take(tokens, now)
+        self._upstream_requests.spend(1, now)
+        self._upstream_tokens.spend(tokens, now)
+        return 0.0
+
+    def reconcile(self, estimated: int, actual: int, now: float) -> None:
+        """Correct the tpm bucket (and the provider's reported quota) once the response's
+        ``usage`` is known."""
+        if self.tokens is not None:
+            self.tokens.adjust(estimated - actual, now)
+        self._upstream_tokens.spend(actual - estimated, now)
+
+    def observe_headers(self, headers: Mapping[str, str], now: float) -> None:
+        lowered = lowercase_keys(headers)
+        for kind, quota in (
+            ("requests", self._upstream_requests),
+            ("tokens", self._upstream_tokens),
+        ):
+            remaining_text = lowered.get(f"x-ratelimit-remaining-{kind}")
+            if remaining_text is None:
+                continue
+            try:
+                remaining = float(remaining_text)
+            except ValueError:
+                continue
+            if not math.isfinite(remaining):
+                continue
+            reset = parse_duration(lowered.get(f"x-ratelimit-reset-{kind}", ""))
+            quota.remaining = remaining
+            quota.reset_at = now + min(
+                self.default_reset_s if reset is None else reset, self.max_pause_s
+            )
+
+    def paused_until(self, now: float) -> float:
+        """When the provider's reported quota allows a call again (``now`` if it does)."""
+        until = now
+        if self._upstream_requests.wait_s(1, now) > 0.0:
+            until = max(until, self._upstream_requests.reset_at)
+        if self._upstream_tokens.wait_s(1, now) > 0.0:
+            until = max(until, self._upstream_tokens.reset_at)
+        return until
+
+
+class AdaptiveConcurrency:
+    """AIMD concurrency limit: halve on a 429, +1 after ``limit`` successes.
+
+    One decrease per ``hold_s``: a burst of 429s from calls that were already in flight is one
+    signal, not many. Successes within ``hold_s`` of a decrease are ignored for the same reason.
+    """
+
+    def __init__(
+        self,
+        max_concurrency: int,
+        *,
+        floor: int = 1,
+        decrease: float = 0.5,
+        hold_s: float = 1.0,
+    ) -> None:
+        if not 1 <= floor <= max_concurrency:
+            raise ValueError("need 1 <= floor <= max_concurrency")
+        if not 0.0 < decrease < 1.0:
+            raise ValueError("decrease must be between 0 and 1")
+        self.max_concurrency = max_concurrency
+        self.floor = floor
+        self.decrease = decrease
+        self.hold_s = hold_s
+        self._limit = max_concurrency
+        self._successes = 0
+        self._decreased_at = -math.inf
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def on_throttle(self, now: float) -> int:
+        if now - self._decreased_at >= self.hold_s:
+            self._limit = max(self.floor, int(self._limit * self.decrease))
+            self._successes = 0
+            self._decreased_at = now
+        return self._limit
+
+    def on_success(self, now: float) -> int:
+        if now - self._decreased_at < self.hold_s or self._limit >= self.max_concurrency:
+            return self._limit
+        self._successes += 1
+        if self._successes >= self._limit:
+            self._limit += 1
+            self._successes = 0
+        return self._limit

@@ -1,0 +1,67 @@
+"""Prometheus metrics, one registry per app (no process-global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+ERROR_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "proxy_requests", "Calls answered, by tier and HTTP status.",
+            ["tier", "status"], registry=r,
+        )
+        self.queue_wait = Histogram(
+            "proxy_queue_wait_seconds", "Time calls waited for an upstream slot.",
+            ["tier"], buckets=WAIT_BUCKETS, registry=r,
+        )
+        self.queue_depth = Gauge(
+            "proxy_queue_depth", "Calls waiting, by tier.", ["tier"], registry=r,
+        )
+        self.rejections = Counter(
+            "proxy_rejections", "Calls refused by the scheduler, by tier and reason.",
+            ["tier", "code"], registry=r,
+        )
+        self.inflight = Gauge(
+            "proxy_upstream_inflight", "Calls in flight, by provider.", ["provider"], registry=r,
+        )
+        self.limit = Gauge(
+            "proxy_upstream_limit", "Effective concurrency limit, by provider.",
+            ["provider"], registry=r,
+        )
+        self.attempts = Counter(
+            "proxy_upstream_attempts", "Upstream attempts, by provider and outcome.",
+            ["provider", "outcome"], registry=r,
+        )
+        self.breaker_state = Gauge(
+            "proxy_breaker_state", "Breaker state by deployment (0 closed, 1 half-open, 2 open).",
+            ["provider", "deployment"], registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "proxy_breaker_transitions", "Breaker transitions, by deployment and new state.",
+            ["deployment", "state"], registry=r,
+        )
+        self.tokens = Counter(
+            "proxy_tokens", "Tokens, by provider and kind (prompt, completion).",
+            ["provider", "kind"], registry=r,
+        )
+        self.cost = Counter(
+            "proxy_cost_usd", "Estimated spend in dollars, by key and tier.",
+            ["key", "tier"], registry=r,
+        )
+        self.estimate_error = Histogram(
+            "proxy_estimate_relative_error", "|predicted - actual| / actual, by quantity.",
+            ["quantity"], buckets=ERROR_BUCKETS, registry=r,
+        )
+        self.stream_errors = Counter(
+            "proxy_stream_errors", "Streams ended with an error event after the first byte.",
+            ["provider", "reason"], registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,84 @@
+"""Request ids, OpenAI-shaped errors and per-call metrics, for every route."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .errors import InvalidRequest, ProxyError, RequestTooLarge
+from .keys import REQUEST_ID, SERVICE, TIER
+
+log = logging.getLogger("proxy.access")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_PROXIED = ("/v1/chat/completions", "/v1/embeddings")
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.fullmatch(given) else "req_" + secrets.token_hex(12)
+
+
+def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.Response:
+    headers = error.headers()
+    headers["x-request-id"] = request_id
+    if tier is not None:
+        headers["x-proxy-tier"] = tier
+    return web.Response(
+        body=orjson.dumps(error.body()), status=error.status,
+        content_type="application/json", headers=headers,
+    )
+
+
+def _from_http(exc: web.HTTPException) -> ProxyError:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return RequestTooLarge(
+            "The request body is too large for this proxy.", should_retry=False
+        )
+    error = InvalidRequest(exc.reason or "bad request", should_retry=False)
+    error.status = exc.status
+    error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "invalid_request")
+    return error
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = _request_id(request)
+    request[REQUEST_ID] = request_id
+    proxied = request.path in _PROXIED
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers.setdefault("x-request-id", request_id)
+        return response
+    except asyncio.CancelledError:
+        status = 499  # the client went away
+        raise
+    except ProxyError as exc:
+        status = exc.status
+        if proxied and TIER in request and exc.status == 503:
+            request.app[SERVICE].metrics.rejections.labels(request[TIER], exc.code).inc()
+        return error_response(exc, request_id, request.get(TIER))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = _from_http(exc)
+        status = error.status
+        return error_response(error, request_id, request.get(TIER))
+    except Exception:  # the one place where an unexpected error becomes a 500
+        log.exception("unhandled error in %s %s (request %s)", request.method, request.path,
+                      request_id)
+        error = ProxyError("The proxy failed unexpectedly; this is a bug.")
+        return error_response(error, request_id, request.get(TIER))
+    finally:
+        if proxied:
+            request.app[SERVICE].metrics.requests.labels(
+                request.get(TIER, "none"), str(status)
+            ).inc()

@@ -1,0 +1,208 @@
+"""Routing policy: which deployments may serve a public model for a tier, best first.
+
+Pure: the lead supplies a live ``DeploymentStats`` per deployment key and an injected
+``random.Random``; nothing here reads the clock or does I/O.
+
+``rank`` orders the candidates by the tier's strategy, applies the tier's ``max_cost``, and
+moves unavailable deployments out. ``degrade`` then decides, from expected waits, whether to
+wait for the preferred deployments, step down to allowed backups, or shed early.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+STRATEGIES = ("ordered", "cheapest", "best_quality", "least_busy", "lowest_latency", "weighted")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    provider: str
+    model: str
+    input_cost: float = 0.0
+    output_cost: float = 0.0
+    quality: float = 0.5
+    weight: float = 1.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Dollars for a call; prices are per million tokens."""
+        return (prompt_tokens * self.input_cost + output_tokens * self.output_cost) / 1_000_000
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """When a tier's preferred deployments would keep it waiting, serve or shed it instead.
+
+    ``allow`` names the backup deployment keys (empty: every candidate after the first in the
+    policy's order is a backup). ``tiers`` limits this to some tier names (empty: all).
+    """
+
+    max_wait_s: float
+    allow: tuple[str, ...] = ()
+    shed_wait_s: float | None = None
+    tiers: tuple[str, ...] = ()
+
+    def applies_to(self, tier: str) -> bool:
+        return not self.tiers or tier in self.tiers
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    candidates: tuple[Deployment, ...]
+    strategy: str = "ordered"
+    tier_strategies: Mapping[str, str] = field(default_factory=dict)
+    max_cost: Mapping[str, float] = field(default_factory=dict)
+    degradation: Degradation | None = None
+
+    def __post_init__(self) -> None:
+        for strategy in (self.strategy, *self.tier_strategies.values()):
+            if strategy not in STRATEGIES:
+                raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+
+    def strategy_for(self, tier: str) -> str:
+        return self.tier_strategies.get(tier, self.strategy)
+
+
+@dataclass(frozen=True)
+class DeploymentStats:
+    available: bool
+    inflight: int
+    limit: int
+    ttft_s: float | None
+    retry_at: float
+
+
+# A deployment the lead has no stats for is treated as idle and available: unknown is not sick.
+_NO_STATS = DeploymentStats(available=True, inflight=0, limit=1, ttft_s=None, retry_at=-math.inf)
+
+
+def rank(
+    route: ModelRoute,
+    tier: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    stats: Mapping[str, DeploymentStats],
+    rng: random.Random,
+) -> list[Deployment]:
+    """The usable deployments for this call, best first.
+
+    Order by the tier's strategy (ties keep the configured order); keep those within the
+    tier's ``max_cost`` (if none is, keep the single cheapest, so a tight budget degrades the
+    call rather than refusing it); then drop the unavailable ones. An empty list means every
+    deployment the policy allows is unavailable.
+    """
+    ordered = _order(
+        route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens
+    )
+    budget = route.max_cost.get(tier)
+    if budget is not None:
+        affordable = [d for d in ordered if d.cost(prompt_tokens, output_tokens) <= budget]
+        if affordable or not ordered:
+            ordered = affordable
+        else:
+            ordered = [min(ordered, key=lambda d: d.cost(prompt_tokens, output_tokens))]
+    return [d for d in ordered if stats.get(d.key, _NO_STATS).available]
+
+
+def _order(
+    strategy: str,
+    candidates: Sequence[Deployment],
+    stats: Mapping[str, DeploymentStats],
+    rng: random.Random,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> list[Deployment]:
+    if strategy == "weighted":
+        return _weighted_order(candidates, rng)
+    keys: dict[str, Callable[[Deployment], float]] = {
+        "ordered": lambda d: 0.0,
+        "cheapest": lambda d: d.cost(prompt_tokens, output_tokens),
+        "best_quality": lambda d: -d.quality,
+        "least_busy": lambda d: _utilisation(stats.get(d.key, _NO_STATS)),
+        # Unmeasured first: one call measures it, otherwise it would never get traffic.
+        "lowest_latency": lambda d: _latency(stats.get(d.key, _NO_STATS)),
+    }
+    return sorted(candidates, key=keys[strategy])
+
+
+def _utilisation(stats: DeploymentStats) -> float:
+    return stats.inflight / stats.limit if stats.limit > 0 else math.inf
+
+
+def _latency(stats: DeploymentStats) -> float:
+    return -math.inf if stats.ttft_s is None else stats.ttft_s
+
+
+def _weighted_order(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+    """Weighted random order without replacement (Efraimidis-Spirakis): the first pick is
+    deployment i with probability weight_i / total; zero weights come last, in order."""
+
+    def draw(deployment: Deployment) -> float:
+        if deployment.weight <= 0:
+            return math.inf
+        # 1 - random() is in (0, 1], so the log is finite.
+        return -math.log(1.0 - rng.random()) / deployment.weight
+
+    draws = [(draw(d), index) for index, d in enumerate(candidates)]
+    return [candidates[index] for _, index in sorted(draws)]
+
+
+Action = Literal["wait", "degrade", "shed"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``action`` is "wait" (queue for ``deployments``), "degrade" (serve on the backups
+    listed first, preferred ones after) or "shed" (503 now, ``retry_after_s`` later)."""
+
+    action: Action
+    deployments: tuple[Deployment, ...]
+    retry_after_s: float | None = None
+
+
+def degrade(
+    route: ModelRoute,
+    tier: str,
+    ranked: Sequence[Deployment],
+    expected_wait_s: Mapping[str, float],
+) -> Decision:
+    """Wait, degrade or shed, given ``rank``'s output and the expected queue wait per
+    deployment key (missing: 0). Backups serve only when degrading:
+
+    - no degradation for this model/tier: wait on all of ``ranked``;
+    - the best preferred wait <= ``max_wait_s``: wait on the preferred deployments only;
+    - the best wait anywhere > ``shed_wait_s``: shed, with that wait as ``retry_after_s``;
+    - backups quicker than the best preferred one (always so when no preferred deployment
+      is usable): degrade to them, quickest first, with the preferred ones after;
+    - otherwise: wait on the preferred deployments.
+    """
+    policy = route.degradation
+    if policy is None or not policy.applies_to(tier) or not ranked:
+        return Decision("wait", tuple(ranked))
+    waits = {d.key: max(0.0, expected_wait_s.get(d.key, 0.0)) for d in ranked}
+    if policy.allow:
+        preferred = [d for d in ranked if d.key not in policy.allow]
+        backups = [d for d in ranked if d.key in policy.allow]
+    else:
+        preferred, backups = list(ranked[:1]), list(ranked[1:])
+    preferred_wait = min((waits[d.key] for d in preferred), default=math.inf)
+    if preferred_wait <= policy.max_wait_s:
+        return Decision("wait", tuple(preferred))
+    best_wait = min(waits.values())
+    if policy.shed_wait_s is not None and best_wait > policy.shed_wait_s:
+        return Decision("shed", (), retry_after_s=best_wait)
+    quicker = sorted(
+        (d for d in backups if waits[d.key] < preferred_wait), key=lambda d: waits[d.key]
+    )
+    if not quicker:
+        return Decision("wait", tuple(preferred))
+    return Decision("degrade", (*quicker, *preferred))

@@ -1,0 +1,140 @@
+"""Value types of the scheduler: its settings, the ticket a call waits with, and outcomes.
+
+``proxy.scheduler`` re-exports all of them; import from there.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One priority tier. ``reserve`` is the fixed number of slots per provider that less
+    urgent tiers may not take from this tier and the more urgent ones; None = adaptive."""
+
+    name: str
+    weight: float = 1.0
+    max_wait_s: float = 120.0
+    max_queue: int | None = None
+    reserve: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """Tiers (most urgent first) and the knobs of the queueing discipline.
+
+    ``level_bounds_s[i]`` is the longest estimated service time that joins level ``i``;
+    longer calls join the last level. ``promote_after_s[i]`` is how long a call waits at
+    level ``i`` before it moves up one level (entry 0 is never used: level 0 is the top).
+    ``tier_promote_after_s``: total wait after which a call moves up one tier, once; only
+    tiers whose ``max_wait_s`` is longer ever reach it. ``headroom_scale`` multiplies the
+    recent offered load (busy slots) of the more urgent tiers to size the adaptive
+    reservation, measured as an EWMA over ``headroom_horizon_s``. ``quantum_s``: how far, in
+    slot-seconds per unit of weight, a tier may run ahead of the most under-served waiting
+    tier and still be chosen by urgency rather than by fair share.
+    """
+
+    tiers: tuple[TierSpec, ...]
+    max_queue: int = 10_000
+    level_bounds_s: tuple[float, ...] = (1.0, 5.0, 30.0)
+    promote_after_s: tuple[float, ...] = (math.inf, 5.0, 20.0, 60.0)
+    tier_promote_after_s: float | None = 300.0
+    headroom_scale: float = 1.5
+    headroom_horizon_s: float = 30.0
+    quantum_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ValueError("tiers: at least one tier is needed")
+        if len({t.name for t in self.tiers}) != len(self.tiers):
+            raise ValueError("tiers: names must be unique")
+        for i, tier in enumerate(self.tiers):
+            if not tier.weight > 0 or not math.isfinite(tier.weight):
+                raise ValueError(f"tiers[{i}].weight: must be a positive number")
+            if not tier.max_wait_s > 0:
+                raise ValueError(f"tiers[{i}].max_wait_s: must be positive")
+            if tier.max_queue is not None and tier.max_queue < 1:
+                raise ValueError(f"tiers[{i}].max_queue: must be at least 1")
+            if tier.reserve is not None and tier.reserve < 0:
+                raise ValueError(f"tiers[{i}].reserve: must not be negative")
+        if self.max_queue < 1:
+            raise ValueError("max_queue: must be at least 1")
+        bounds = self.level_bounds_s
+        if any(b <= 0 for b in bounds) or any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError("level_bounds_s: must be positive and increasing")
+        if len(self.promote_after_s) != len(bounds) + 1:
+            raise ValueError(f"promote_after_s: needs one value per level ({len(bounds) + 1})")
+        if any(not p > 0 for p in self.promote_after_s):
+            raise ValueError("promote_after_s: must be positive")
+        if self.tier_promote_after_s is not None and not self.tier_promote_after_s > 0:
+            raise ValueError("tier_promote_after_s: must be positive")
+        if not self.headroom_scale >= 0:
+            raise ValueError("headroom_scale: must not be negative")
+        if not self.headroom_horizon_s > 0:
+            raise ValueError("headroom_horizon_s: must be positive")
+        if not self.quantum_s > 0:
+            raise ValueError("quantum_s: must be positive")
+
+    @property
+    def levels(self) -> int:
+        return len(self.level_bounds_s) + 1
+
+
+class TicketState(enum.Enum):
+    NEW = "new"
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One call asking for a slot. The fields after ``payload`` belong to the scheduler."""
+
+    tier: int
+    candidates: tuple[str, ...]
+    est_service_s: float
+    payload: object = None
+    state: TicketState = field(init=False, default=TicketState.NEW)
+    current_tier: int = field(init=False, default=0)
+    level: int = field(init=False, default=0)
+    arrived: float = field(init=False, default=math.nan)
+    deadline: float = field(init=False, default=math.nan)
+    dispatched_at: float = field(init=False, default=math.nan)
+    provider: str | None = field(init=False, default=None)
+    entered_level: float = field(init=False, default=math.nan)
+    order: int = field(init=False, default=0)
+    seq: int = field(init=False, default=0)
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds from arrival to dispatch (NaN until dispatched)."""
+        return self.dispatched_at - self.arrived
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    ticket: Ticket
+    provider: str
+
+
+@dataclass(frozen=True)
+class Rejection:
+    ticket: Ticket
+    code: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """``dispatch`` is the submitted ticket's own slot; ``woken`` lists other queued tickets
+    that got a slot during the same call (only when time alone made them eligible)."""
+
+    dispatch: Dispatch | None
+    rejections: tuple[Rejection, ...]
+    woken: tuple[Dispatch, ...] = ()

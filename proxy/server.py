@@ -1,0 +1,64 @@
+"""Running the app for real: uvloop, explicit handler cancellation, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+
+from aiohttp import web
+
+from .app import build_app
+from .config import Config
+from .keys import LIFECYCLE
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 30.0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def serve(config: Config, host: str, port: int) -> None:
+    app = build_app(config)
+    # A client that disconnects must cancel its handler, so a queued call leaves the queue
+    # and a running one frees its slot; aiohttp's own default is not to.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    if not config.keys and not _is_loopback(host):
+        log.warning("no proxy keys configured and listening on %s: anyone can use it", host)
+    bound = runner.addresses[0] if runner.addresses else (host, port)
+    print(f"listening on http://{host}:{bound[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down: no new connections, finishing calls in flight")
+        app[LIFECYCLE].draining = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def run(config: Config, host: str, port: int) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config, host, port))
+    else:
+        uvloop.run(serve(config, host, port))

@@ -1,0 +1,134 @@
+"""The long-lived objects of one running proxy, built from a Config in one place."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .admission import Admission
+from .auth import Authenticator
+from .breaker import Breaker, State
+from .clock import Clock
+from .config import Config, Provider
+from .estimate import LatencyModel, OutputEstimator
+from .limits import AdaptiveConcurrency
+from .metrics import Metrics
+from .retry import RetryBudget
+from .route import DeploymentStats
+from .scheduler import Scheduler
+from .tokens import TokenCounter
+from .upstream import Upstream
+
+BREAKER_GAUGE = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
+
+
+@dataclass
+class ProviderRuntime:
+    config: Provider
+    upstream: Upstream
+    concurrency: AdaptiveConcurrency
+    budget: RetryBudget
+
+
+class Service:
+    def __init__(
+        self,
+        config: Config,
+        upstreams: Mapping[str, Upstream],
+        clock: Clock,
+        counter: TokenCounter,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.counter = counter
+        self.metrics = metrics or Metrics()
+        self.rng = rng or random.Random()
+        self.auth = Authenticator(config.keys)
+        self.providers = {
+            name: ProviderRuntime(
+                config=provider,
+                upstream=upstreams[name],
+                concurrency=AdaptiveConcurrency(provider.max_concurrency),
+                budget=RetryBudget(ratio=config.retry.budget),
+            )
+            for name, provider in config.providers.items()
+        }
+        self.scheduler = Scheduler(
+            config.scheduler, {name: p.max_concurrency for name, p in config.providers.items()}
+        )
+        self.admission = Admission(self.scheduler, clock)
+        self.breakers: dict[str, Breaker] = {}
+        for route in config.models.values():
+            for deployment in route.candidates:
+                if deployment.key not in self.breakers:
+                    self.breakers[deployment.key] = self._breaker(deployment.provider,
+                                                                  deployment.key)
+        self.outputs = OutputEstimator()
+        self.latency = LatencyModel()
+        for name, provider in config.providers.items():
+            self.metrics.limit.labels(name).set(provider.max_concurrency)
+        for index, tier in enumerate(config.tiers):
+            self.metrics.queue_depth.labels(tier.name).set_function(
+                functools.partial(self.scheduler.depth, index)
+            )
+        for name in config.providers:
+            self.metrics.inflight.labels(name).set_function(
+                functools.partial(self.scheduler.inflight, name)
+            )
+
+    def _breaker(self, provider: str, key: str) -> Breaker:
+        gauge = self.metrics.breaker_state.labels(provider, key)
+        transitions = self.metrics.breaker_transitions
+
+        def on_transition(old: State, new: State) -> None:
+            gauge.set(BREAKER_GAUGE[new])
+            transitions.labels(key, new.value).inc()
+
+        gauge.set(0)
+        return Breaker(self.config.providers[provider].breaker, self.rng, on_transition)
+
+    def deployment_stats(self, now: float) -> dict[str, DeploymentStats]:
+        stats: dict[str, DeploymentStats] = {}
+        for key, breaker in self.breakers.items():
+            provider = key.split("/", 1)[0]
+            stats[key] = DeploymentStats(
+                available=breaker.available(now),
+                inflight=self.scheduler.inflight(provider),
+                limit=self.scheduler.capacity(provider),
+                ttft_s=self.latency.expect_ttft_s(key),
+                retry_at=breaker.retry_at(now),
+            )
+        return stats
+
+    def set_limit(self, provider: str, limit: int) -> None:
+        self.metrics.limit.labels(provider).set(limit)
+        self.admission.set_capacity(provider, limit)
+
+    def status(self) -> dict[str, object]:
+        now = self.clock.now()
+        return {
+            "scheduler": self.scheduler.snapshot(now),
+            "breakers": {key: b.snapshot(now) for key, b in self.breakers.items()},
+            "providers": {
+                name: {
+                    "kind": p.config.kind,
+                    "max_concurrency": p.config.max_concurrency,
+                    "limit": p.concurrency.limit,
+                    "inflight": self.scheduler.inflight(name),
+                }
+                for name, p in self.providers.items()
+            },
+            "models": {
+                name: [d.key for d in route.candidates]
+                for name, route in self.config.models.items()
+            },
+        }
+
+    async def close(self) -> None:
+        self.admission.close()
+        for provider in self.providers.values():
+            await provider.upstream.close()

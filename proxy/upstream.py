@@ -1,0 +1,149 @@
+"""The seam between the proxy and a provider: one small Protocol.
+
+``Upstream.send`` opens one call and returns once the response head is in; the body is
+then read chunk by chunk. Real providers go through ``HttpUpstream`` (aiohttp); the
+in-process ``simulated`` provider implements the same Protocol, and tests swap in their own.
+Errors: implementations raise only ``proxy.errors.UpstreamConnectError`` /
+``UpstreamTimeout`` / ``UpstreamBadResponse`` — aiohttp's own exceptions are translated in
+exactly one place (``HttpUpstream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+
+from .errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 10.0
+    first_byte_s: float = 60.0
+    idle_s: float = 60.0
+    response_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    path: str  # e.g. "/chat/completions", relative to the provider's base URL
+    body: bytes  # JSON, already rewritten (upstream model name, stream options)
+    model: str  # upstream model name
+    stream: bool
+    headers: Mapping[str, str]  # extra request headers to pass on (already filtered)
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: Mapping[str, str]
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; raises UpstreamTimeout if idle too long."""
+        ...
+
+    async def read(self) -> bytes:
+        """The whole body (non-streaming)."""
+        ...
+
+    def close(self) -> None:
+        """Abort the call and release the connection; safe to call twice."""
+        ...
+
+
+class Upstream(Protocol):
+    async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> UpstreamResponse: ...
+
+    async def close(self) -> None: ...
+
+
+class HttpUpstream:
+    """An OpenAI-compatible provider over HTTP; the one place aiohttp errors become ours."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        auth_headers: Mapping[str, str],
+        query: Mapping[str, str] | None = None,
+    ) -> None:
+        self._session = session
+        self._base_url = base_url.rstrip("/")
+        self._auth_headers = dict(auth_headers)
+        self._query = dict(query or {})
+
+    async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
+        headers = {**request.headers, **self._auth_headers, "content-type": "application/json"}
+        budget = timeouts.first_byte_s if request.stream else timeouts.response_s
+        deadline = asyncio.get_running_loop().time() + budget
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._session.post(
+                    self._base_url + request.path,
+                    data=request.body,
+                    headers=headers,
+                    params=self._query or None,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+                )
+        except aiohttp.ServerTimeoutError as exc:  # connect timed out
+            raise UpstreamConnectError(f"connect timed out: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"no response within {budget:g}s") from exc
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise UpstreamConnectError(f"connection failed: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamBadResponse(f"bad response: {exc}") from exc
+        return HttpResponse(response, timeouts, deadline)
+
+    async def close(self) -> None:
+        return None
+
+
+class HttpResponse:
+    def __init__(
+        self, response: aiohttp.ClientResponse, timeouts: Timeouts, deadline: float
+    ) -> None:
+        self._response = response
+        self._timeouts = timeouts
+        self._deadline = deadline
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def read(self) -> bytes:
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                return await self._response.read()
+        except TimeoutError as exc:
+            raise UpstreamTimeout("response not complete in time") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamBadResponse(f"response broken: {exc}") from exc
+        finally:
+            self.close()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        content = self._response.content
+        deadline = self._deadline  # the first chunk counts against the first-byte budget
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        data = await content.readany()
+                except TimeoutError as exc:
+                    raise UpstreamTimeout("upstream stream stalled") from exc
+                except (aiohttp.ClientError, OSError) as exc:
+                    raise UpstreamBadResponse(f"upstream stream broken: {exc}") from exc
+                if not data:
+                    if not self._response.content.is_eof():
+                        raise UpstreamBadResponse("upstream stream ended early")
+                    return
+                yield data
+                deadline = asyncio.get_running_loop().time() + self._timeouts.idle_s
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._response.close()

@@ -1,0 +1,133 @@
+"""A fake OpenAI-compatible upstream the tests start on 127.0.0.1, with scripted faults."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+def completion(model: str, text: str = "Hello there!") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
+
+
+def sse_events(model: str, words: list[str], usage: bool) -> list[bytes]:
+    def event(payload: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
+            "model": model}
+    events = [event({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                               "content": ""},
+                                          "finish_reason": None}]})]
+    events += [event({**base, "choices": [{"index": 0, "delta": {"content": w},
+                                           "finish_reason": None}]}) for w in words]
+    events.append(event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    if usage:
+        events.append(event({**base, "choices": [], "usage": {
+            "prompt_tokens": 5, "completion_tokens": len(words),
+            "total_tokens": 5 + len(words)}}))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+@dataclass
+class Seen:
+    headers: dict[str, str]
+    body: dict[str, Any]
+    query: dict[str, str]
+
+
+@dataclass
+class FakeUpstream:
+    """Behaviour per call comes from ``script`` (then ``default``):
+    ok | 500 | 429 | 400 | stall | cut | slow."""
+
+    default: str = "ok"
+    script: deque[str] = field(default_factory=deque)
+    words: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
+    chunk_delay_s: float = 0.0
+    hold_s: float = 0.0  # non-streaming: time before answering
+    seen: list[Seen] = field(default_factory=list)
+    active: int = 0
+    peak: int = 0
+    cancelled: int = 0
+    completed: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        return app
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
+        return web.json_response({"object": "list", "model": body["model"], "data": [
+            {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+            "usage": {"prompt_tokens": 2, "total_tokens": 2}})
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
+        mode = self.script.popleft() if self.script else self.default
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await self._respond(request, body, mode)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _respond(
+        self, request: web.Request, body: dict[str, Any], mode: str
+    ) -> web.StreamResponse:
+        model = body["model"]
+        if mode in ("500", "400"):
+            return web.json_response(
+                {"error": {"message": f"fake {mode}", "type": "x", "param": None,
+                           "code": f"fake_{mode}"}}, status=int(mode))
+        if mode == "429":
+            return web.json_response(
+                {"error": {"message": "slow down", "type": "rate_limit", "param": None,
+                           "code": "rate_limit_exceeded"}},
+                status=429, headers={"retry-after-ms": "50"})
+        if mode == "stall":
+            await asyncio.sleep(3600)
+        if not body.get("stream"):
+            if self.hold_s:
+                await asyncio.sleep(self.hold_s)
+            self.completed += 1
+            return web.json_response(completion(model), headers={"set-cookie": "a=b",
+                                                                 "x-upstream-extra": "1"})
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        events = sse_events(model, self.words, usage)
+        for i, event in enumerate(events):
+            if mode == "cut" and i == 2:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            if mode == "slow" and i >= 1:
+                await asyncio.sleep(3600)
+            if self.chunk_delay_s:
+                await asyncio.sleep(self.chunk_delay_s)
+            await response.write(event)
+        await response.write_eof()
+        self.completed += 1
+        return response

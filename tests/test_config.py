@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MINIMAL = {
+    "providers": [{"name": "sim", "kind": "simulated", "max_concurrency": 2}],
+    "models": {"m": [{"provider": "sim", "model": "small"}]},
+}
+
+
+def with_(**changes: object) -> dict[str, object]:
+    return {**MINIMAL, **changes}
+
+
+def test_shipped_routing_yaml_is_valid() -> None:
+    config = load_config(ROOT / "routing.yaml", env={})
+    assert config.tier_names == ("critical", "high", "normal", "low")
+    assert set(config.models) == {"gpt-4o-mini", "chat"}
+    assert all(p.kind == "simulated" for p in config.providers.values())
+
+
+def test_defaults_for_a_minimal_file() -> None:
+    config = parse_config(MINIMAL, {})
+    assert config.listen.host == "127.0.0.1" and config.listen.port == 8080
+    assert config.tier_names == ("critical", "high", "normal", "low")
+    assert config.classify.default_tier == 2
+    assert config.models["m"].candidates[0].key == "sim/small"
+    assert config.keys == ()
+
+
+def test_env_interpolation_and_defaults() -> None:
+    data = with_(
+        listen={"host": "${HOST:-0.0.0.0}", "port": "${PORT}"},
+        providers=[{"name": "up", "base_url": "http://127.0.0.1:9/v1", "api_key": "${K}"}],
+        models={"m": [{"provider": "up", "model": "x"}]},
+    )
+    config = parse_config(data, {"PORT": "9001", "K": "sk-secret"})
+    assert config.listen.host == "0.0.0.0" and config.listen.port == 9001
+    assert config.providers["up"].api_key == "sk-secret"
+    assert "sk-secret" not in repr(config.providers["up"])
+
+
+def test_unset_provider_key_disables_provider_with_one_warning() -> None:
+    data = with_(
+        providers=[
+            {"name": "openai", "base_url": "https://api.openai.com/v1",
+             "api_key": "${OPENAI_API_KEY}"},
+            {"name": "sim", "kind": "simulated"},
+        ],
+        models={"m": [{"provider": "openai", "model": "gpt"}, {"provider": "sim", "model": "s"}]},
+    )
+    config = parse_config(data, {})
+    assert list(config.providers) == ["sim"]
+    assert [d.key for d in config.models["m"].candidates] == ["sim/s"]
+    assert len(config.warnings) == 1 and "OPENAI_API_KEY" not in config.warnings[0]
+    assert "providers[0].api_key" in config.warnings[0]
+
+
+def test_keys_are_stored_as_digests() -> None:
+    digest = hashlib.sha256(b"batch-key").hexdigest()
+    data = with_(classify={"keys": [
+        {"name": "app", "key": "${APP_KEY}", "tier": "high", "max_tier": "high"},
+        {"name": "batch", "key_sha256": digest, "tier": "low", "max_tier": "normal"},
+    ]})
+    config = parse_config(data, {"APP_KEY": "app-key"})
+    assert [k.name for k in config.keys] == ["app", "batch"]
+    assert config.keys[0].sha256 == hashlib.sha256(b"app-key").hexdigest()
+    assert config.keys[1].principal.max_tier == 2 and config.keys[1].principal.tier == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurrency": 0}]),
+         "providers[0].max_concurrency: must be a positive integer"),
+        (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurrency": "x"}]),
+         "providers[0].max_concurrency: must be a positive integer"),
+        (with_(providers=[{"name": "sim", "kind": "warp"}]),
+         "providers[0].kind: must be one of openai, azure, simulated"),
+        (with_(providers=[{"name": "a", "base_url": "ftp://x"}]),
+         "providers[0].base_url: must be an http:// or https:// URL"),
+        (with_(providers=[{"name": "a", "kind": "simulated"}, {"name": "a", "kind": "simulated"}]),
+         "providers[1].name: duplicate provider 'a'"),
+        (with_(models={"m": [{"provider": "nope", "model": "x"}]}),
+         "models.m[0].provider: unknown provider 'nope'"),
+        (with_(models={"m": {"strategy": "fastest", "candidates": [
+            {"provider": "sim", "model": "x"}]}}),
+         "models.m.strategy: must be one of"),
+        (with_(models={}), "models: must name at least one model"),
+        (with_(tiers=[{"name": "a"}, {"name": "A"}]), "tiers[1].name: duplicate tier 'A'"),
+        (with_(classify={"default_tier": "urgent"}),
+         "classify.default_tier: unknown tier 'urgent'"),
+        (with_(classify={"rules": [{"tier": "high", "match": {"last_user_regex": "("}}]}),
+         "classify.rules[0].match.last_user_regex: invalid regular expression"),
+        (with_(classify={"keys": [{"name": "k"}]}),
+         "classify.keys[0]: needs exactly one of 'key' or 'key_sha256'"),
+        (with_(classify={"keys": [{"name": "k", "key_sha256": "abc"}]}),
+         "classify.keys[0].key_sha256: must be 64 hex digits"),
+        (with_(listen={"port": "${PORT}"}), "listen.port: environment variable PORT is not set"),
+        (with_(colour="blue"), "colour: unknown key"),
+        (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurency": 2}]),
+         "providers[0].max_concurency: unknown key"),
+        (with_(schedules={"timezone": "Mars/Olympus"}),
+         "schedules.timezone: unknown time zone"),
+        (with_(schedules={"windows": [{"hours": "25-3"}]}),
+         "schedules.windows[0].hours: must be START-END hours"),
+        (with_(retry={"budget": 2}), "retry.budget: must be <= 1.0"),
+        ([1, 2], "<root>: must be a mapping"),
+    ],
+)
+def test_invalid_configs_name_the_yaml_path(data: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, {})
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_cli_check_prints_summary_and_exits_0() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check", "--config", str(ROOT / "routing.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout and "gpt-4o-mini" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_cli_exits_2_on_a_bad_config(tmp_path: Path, command: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("providers:\n  - {name: sim, kind: simulated, max_concurrency: -1}\n"
+                   "models: {m: [{provider: sim, model: x}]}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", command, "--config", str(bad)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert "providers[0].max_concurrency: must be a positive integer" in result.stderr

@@ -1,0 +1,273 @@
+"""The request path over real sockets: proxy app ⇄ fake upstream, both on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import ClientSession, TCPConnector, web
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import build_app
+from proxy.config import Config
+from proxy.keys import SERVICE
+from proxy.tokens import TokenCounter
+
+from .conftest import config_from
+from .fakes import FakeUpstream, completion, sse_events
+
+Factory = Callable[..., Awaitable[Any]]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def provider(name: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "base_url": url, "api_key": f"sk-{name}", "max_concurrency": 4,
+            **extra}
+
+
+async def start(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+    *fakes: FakeUpstream, config: Config | None = None, **sections: Any,
+) -> TestClient[web.Request, web.Application]:
+    servers: list[TestServer] = [await aiohttp_server(f.app()) for f in fakes]
+    if config is None:
+        providers = [provider(f"p{i}", str(s.make_url("/v1"))) for i, s in enumerate(servers)]
+        models = {"m": [{"provider": p["name"], "model": f"up-{p['name']}"} for p in providers]}
+        config = config_from(providers, models, **sections)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(
+        build_app(config, counter=counter)
+    )
+    return client
+
+
+async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def inflight(client: TestClient[web.Request, web.Application]) -> int:
+    service = client.app[SERVICE]
+    return sum(service.scheduler.inflight(p) for p in service.providers)
+
+
+async def test_json_relay_rewrites_model_and_swaps_keys(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    body = {**CHAT, "temperature": 0.2, "some_future_field": {"nested": [1, 2]}}
+    resp = await client.post("/v1/chat/completions", json=body,
+                             headers={"Authorization": "Bearer client-secret",
+                                      "x-request-id": "abc-123"})
+    assert resp.status == 200
+    assert await resp.json() == completion("up-p0")
+    assert resp.headers["x-request-id"] == "abc-123"
+    assert resp.headers["x-proxy-tier"] == "normal"
+    assert resp.headers["x-proxy-upstream"] == "p0/up-p0"
+    assert int(resp.headers["x-proxy-queue-ms"]) >= 0
+    assert "set-cookie" not in resp.headers and resp.headers["x-upstream-extra"] == "1"
+    seen = fake.seen[0]
+    assert seen.body == {**body, "model": "up-p0"}
+    assert seen.headers["Authorization"] == "Bearer sk-p0"
+    assert "client-secret" not in str(seen.headers)
+    assert inflight(client) == 0
+
+
+async def test_stream_relay_is_what_the_upstream_sent(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(words=["a", "b", "c", "d"])
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert resp.status == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    received = await resp.read()
+    # The proxy asked for usage; the client did not, so it must not see the usage chunk.
+    assert fake.seen[0].body["stream_options"] == {"include_usage": True}
+    assert received == b"".join(sse_events("up-p0", ["a", "b", "c", "d"], usage=False))
+    metrics = client.app[SERVICE].metrics.render().decode()
+    assert 'proxy_tokens_total{kind="completion",provider="p0"} 4.0' in metrics
+
+
+async def test_stream_usage_kept_when_the_client_asked(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    received = await (await client.post("/v1/chat/completions", json=body)).read()
+    assert received == b"".join(sse_events("up-p0", fake.words, usage=True))
+
+
+@pytest.mark.parametrize("fault", ["500", "429", "refused", "stall"])
+async def test_failover_before_first_byte(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter, fault: str
+) -> None:
+    bad, good = FakeUpstream(default=fault), FakeUpstream()
+    servers = [await aiohttp_server(bad.app()), await aiohttp_server(good.app())]
+    first_url = (f"http://127.0.0.1:{closed_port()}/v1" if fault == "refused"
+                 else str(servers[0].make_url("/v1")))
+    config = config_from(
+        [provider("bad", first_url, timeouts={"first_byte_s": 0.3, "response_s": 0.3}),
+         provider("good", str(servers[1].make_url("/v1")))],
+        {"m": [{"provider": "bad", "model": "x"}, {"provider": "good", "model": "y"}]},
+    )
+    client = await start(aiohttp_server, aiohttp_client, counter, config=config)
+    for stream in (False, True):
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["x-proxy-upstream"] == "good/y"
+        await resp.read()
+    assert good.completed == 2
+    await until(lambda: inflight(client) == 0)
+
+
+async def test_upstream_4xx_is_passed_through_without_retry(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    bad, other = FakeUpstream(default="400"), FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, bad, other)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "fake_400"
+    assert other.seen == []
+
+
+async def test_every_attempt_failing_returns_the_last_upstream_answer(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    a, b = FakeUpstream(default="500"), FakeUpstream(default="500")
+    client = await start(aiohttp_server, aiohttp_client, counter, a, b,
+                         retry={"max_attempts": 3})
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 500
+    assert len(a.seen) + len(b.seen) <= 3
+    assert inflight(client) == 0
+
+
+async def test_mid_stream_cut_ends_with_an_error_event_and_no_done(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    cut, other = FakeUpstream(default="cut"), FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, cut, other)
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert resp.status == 200
+    text = (await resp.read()).decode()
+    assert '"error"' in text and "[DONE]" not in text
+    assert '"finish_reason":"stop"' not in text
+    assert other.seen == []  # no retry after the first byte
+    await until(lambda: inflight(client) == 0)
+
+
+@pytest.mark.parametrize("mode", ["slow", "stall"])
+async def test_client_disconnect_cancels_upstream_and_frees_the_slot(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter, mode: str
+) -> None:
+    fake = FakeUpstream(default=mode)
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    url = client.make_url("/v1/chat/completions")
+    async with ClientSession() as session:
+        task = asyncio.create_task(session.post(url, json={**CHAT, "stream": True}))
+        await until(lambda: fake.active == 1)
+        if mode == "slow":
+            resp = await task
+            assert (await resp.content.readany()).startswith(b"data: ")
+            resp.close()
+        else:
+            task.cancel()
+        await until(lambda: fake.cancelled == 1, timeout=1.0)
+    await until(lambda: inflight(client) == 0, timeout=1.0)
+
+
+async def test_150_concurrent_calls_really_run_at_once(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(hold_s=2.0)
+    server = await aiohttp_server(fake.app())
+    config = config_from([provider("p", str(server.make_url("/v1")), max_concurrency=150)],
+                         {"m": [{"provider": "p", "model": "x"}]})
+    client = await start(aiohttp_server, aiohttp_client, counter, config=config)
+    url = client.make_url("/v1/chat/completions")
+    # The test's own client must not be the hidden pool cap either.
+    async with ClientSession(connector=TCPConnector(limit=0)) as session:
+        results = await asyncio.gather(*(session.post(url, json=CHAT) for _ in range(150)))
+        assert [r.status for r in results] == [200] * 150
+    assert fake.peak == 150
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_request"),
+        (b"[]", 400, "invalid_request"),
+        (b'{"model": 5, "messages": []}', 400, "invalid_request"),
+        (b'{"model": "m"}', 400, "invalid_request"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+         400, "invalid_request"),
+        (b'{"model": "m", "messages": [1]}', 400, "invalid_request"),
+        (b"[" * 5000 + b"]" * 5000, 400, "invalid_request"),
+        (b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}', 404,
+         "model_not_found"),
+        (orjson.dumps({**CHAT, "pad": "x" * (5 * 1024 * 1024)}), 413, "request_too_large"),
+    ],
+)
+async def test_bad_requests_get_openai_shaped_errors(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+    body: bytes, status: int, code: str,
+) -> None:
+    client = await start(aiohttp_server, aiohttp_client, counter, FakeUpstream())
+    resp = await client.post("/v1/chat/completions", data=body,
+                             headers={"content-type": "application/json"})
+    assert resp.status == status
+    error = (await resp.json())["error"]
+    assert error["code"] == code and set(error) == {"message", "type", "param", "code"}
+    assert resp.headers["x-request-id"]
+
+
+async def test_proxy_keys_are_required_when_configured(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    server = await aiohttp_server(fake.app())
+    config = config_from(
+        [provider("p", str(server.make_url("/v1")))], {"m": [{"provider": "p", "model": "x"}]},
+        classify={"keys": [{"name": "app", "key": "s3cret", "tier": "high"}]},
+    )
+    client = await start(aiohttp_server, aiohttp_client, counter, config=config)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert resp.status == 401
+        assert (await resp.json())["error"]["code"] == "invalid_api_key"
+        assert "wrong" not in await resp.text()
+    resp = await client.post("/v1/chat/completions", json=CHAT,
+                             headers={"Authorization": "Bearer s3cret"})
+    assert resp.status == 200 and resp.headers["x-proxy-tier"] == "high"
+    assert "s3cret" not in (await client.get("/metrics")).headers.get("x", "")
+    assert "s3cret" not in await (await client.get("/metrics")).text()
+
+
+async def test_models_health_and_embeddings(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    models = await (await client.get("/v1/models")).json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["m"]
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    resp = await client.post("/v1/embeddings", json={"model": "m", "input": "hello"})
+    assert resp.status == 200 and (await resp.json())["model"] == "up-p0"
+    status = await (await client.get("/admin/status")).json()
+    assert set(status) >= {"scheduler", "breakers", "providers"}
+    assert "proxy_requests_total" in await (await client.get("/metrics")).text()

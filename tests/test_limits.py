@@ -1,0 +1,244 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.limits import (
+    AdaptiveConcurrency,
+    ProviderLimits,
+    RollingCounts,
+    TokenBucket,
+    parse_duration,
+)
+
+
+def test_rolling_counts_forget_old_slots() -> None:
+    counts = RollingCounts(window_s=10.0, buckets=10)
+    counts.add("calls", 0.0)
+    counts.add("calls", 5.5, n=2)
+    counts.add("errors", 9.9)
+    assert counts.total("calls", 9.9) == 3
+    assert counts.total("calls", 10.0) == 2  # slot [0, 1) has left the window
+    assert counts.total("errors", 18.9) == 1
+    assert counts.total("errors", 19.0) == 0  # the slot of 9.9 ([9, 10)) just left
+    counts.clear()
+    assert counts.total("calls", 18.9) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(times=st.lists(st.floats(0.0, 1000.0), max_size=200))
+def test_rolling_counts_stay_bounded_and_never_overcount(times: list[float]) -> None:
+    counts = RollingCounts(window_s=10.0, buckets=5)
+    seen: list[float] = []
+    for now in sorted(times):
+        counts.add("calls", now)
+        seen.append(now)
+        # Everything from the last (window - one slot) seconds is in; nothing older than
+        # the window is.
+        recent = sum(1 for t in seen if now - 8.0 < t)
+        within = sum(1 for t in seen if now - 10.0 < t)
+        assert recent <= counts.total("calls", now) <= within
+
+
+# Steps: (now, tokens to take, expected wait). A bucket of 60 a minute: one token a second.
+BUCKET_STEPS = {
+    "starts full and drains": [(0.0, 60, 0.0), (0.0, 1, 1.0)],
+    "refills at the rate": [(0.0, 60, 0.0), (10.0, 10, 0.0), (10.0, 1, 1.0)],
+    "a refused take takes nothing": [(0.0, 50, 0.0), (0.0, 20, 10.0), (0.0, 10, 0.0)],
+    "waiting the reported time is enough": [(0.0, 60, 0.0), (0.0, 30, 30.0), (30.0, 30, 0.0)],
+    "never fills past the burst": [(0.0, 1, 0.0), (1000.0, 60, 0.0), (1000.0, 1, 1.0)],
+    "larger than the bucket: waits for a full bucket, then goes into debt": [
+        (0.0, 30, 0.0),
+        (0.0, 100, 30.0),
+        (30.0, 100, 0.0),
+        (30.0, 1, 41.0),
+    ],
+    "time going backwards refills nothing": [(10.0, 60, 0.0), (5.0, 1, 1.0)],
+}
+
+
+@pytest.mark.parametrize("steps", BUCKET_STEPS.values(), ids=BUCKET_STEPS.keys())
+def test_token_bucket(steps: list[tuple[float, float, float]]) -> None:
+    bucket = TokenBucket(rate_per_min=60)
+    for now, tokens, wait in steps:
+        assert bucket.take(tokens, now) == pytest.approx(wait)
+
+
+def test_token_bucket_adjust_refunds_and_charges() -> None:
+    bucket = TokenBucket(rate_per_min=600, burst=100)
+    assert bucket.take(100, 0.0) == 0.0
+    bucket.adjust(40, 0.0)  # estimated 100, used 60
+    assert bucket.level(0.0) == pytest.approx(40)
+    bucket.adjust(-100, 0.0)  # used 100 more than estimated: debt
+    assert bucket.level(0.0) == pytest.approx(-60)
+    assert bucket.take(10, 0.0) == pytest.approx(7.0)  # 70 tokens at 10/s
+    bucket.adjust(1000, 0.0)
+    assert bucket.level(0.0) == 100  # capped at the burst
+
+
+@settings(max_examples=100, deadline=None)
+@given(takes=st.lists(st.tuples(st.floats(0.0, 5.0), st.integers(1, 50)), min_size=1, max_size=60))
+def test_token_bucket_never_grants_more_than_rate_allows(takes: list[tuple[float, int]]) -> None:
+    bucket = TokenBucket(rate_per_min=120)  # 2 a second, burst 120
+    now, granted = 0.0, 0
+    for gap, tokens in takes:
+        now += gap
+        if bucket.take(tokens, now) == 0.0:
+            granted += tokens
+    assert granted <= 120 + 2 * now + 1e-6
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("20ms", 0.02),
+        ("1h2m3.5s", 3723.5),
+        ("0.5s", 0.5),
+        ("12", 12.0),
+        ("1.5", 1.5),
+        (" 2S ", 2.0),
+        ("", None),
+        ("soon", None),
+        ("5x", None),
+        ("1s junk", None),
+        ("-3", None),
+        ("m1s", None),
+        ("nan", None),
+    ],
+)
+def test_parse_duration(text: str, seconds: float | None) -> None:
+    assert parse_duration(text) == (None if seconds is None else pytest.approx(seconds))
+
+
+def test_provider_limits_rpm_and_tpm() -> None:
+    limits = ProviderLimits(rpm=2, tpm=1000)
+    assert limits.check(400, 0.0) == 0.0
+    assert limits.check(700, 0.0) == pytest.approx(6.0)  # 100 short at 1000/min
+    assert limits.check(500, 0.0) == 0.0  # the refused call took nothing
+    assert limits.check(1, 0.0) == pytest.approx(30.0)  # rpm: two a minute
+    limits.reconcile(estimated=500, actual=100, now=0.0)  # 400 back
+    assert limits.wait_s(400, 30.0) == 0.0
+
+
+def test_provider_limits_without_local_limits_always_go() -> None:
+    limits = ProviderLimits()
+    assert all(limits.check(10**6, 0.0) == 0.0 for _ in range(100))
+    limits.reconcile(10, 20, 0.0)
+    assert limits.paused_until(0.0) == 0.0
+
+
+HEADER_CASES = {
+    "no requests left: pause until the reset": (
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s"},
+        10,
+        1.5,
+    ),
+    "no tokens left, minutes format": (
+        {"X-RateLimit-Remaining-Tokens": "0", "X-RateLimit-Reset-Tokens": "1m0s"},
+        10,
+        60.0,
+    ),
+    "fewer tokens left than the call needs": (
+        {"x-ratelimit-remaining-tokens": "50", "x-ratelimit-reset-tokens": "20ms"},
+        100,
+        0.02,
+    ),
+    "enough left: go": (
+        {"x-ratelimit-remaining-tokens": "5000", "x-ratelimit-reset-tokens": "6m0s"},
+        100,
+        0.0,
+    ),
+    "no reset header: the default": ({"x-ratelimit-remaining-requests": "0"}, 1, 1.0),
+    "absurd reset: capped": (
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "99h"},
+        1,
+        120.0,
+    ),
+    "unreadable remaining: ignored": (
+        {"x-ratelimit-remaining-requests": "lots", "x-ratelimit-reset-requests": "9s"},
+        1,
+        0.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("headers, tokens, wait", HEADER_CASES.values(), ids=HEADER_CASES.keys())
+def test_observe_headers(headers: dict[str, str], tokens: int, wait: float) -> None:
+    limits = ProviderLimits()
+    limits.observe_headers(headers, 0.0)
+    assert limits.wait_s(tokens, 0.0) == pytest.approx(wait)
+    assert limits.check(tokens, wait) == 0.0  # after the reset, the call goes
+
+
+def test_paused_until_and_local_spending_of_reported_quota() -> None:
+    limits = ProviderLimits()
+    limits.observe_headers(
+        {"x-ratelimit-remaining-requests": "2", "x-ratelimit-reset-requests": "10s"}, 100.0
+    )
+    assert limits.paused_until(100.0) == 100.0
+    assert limits.check(1, 100.0) == 0.0
+    assert limits.check(1, 101.0) == 0.0
+    assert limits.paused_until(101.0) == pytest.approx(110.0)  # both used before the reset
+    assert limits.check(1, 101.0) == pytest.approx(9.0)
+    assert limits.paused_until(110.0) == 110.0
+
+
+def test_reported_tokens_are_spent_locally_until_the_reset() -> None:
+    limits = ProviderLimits()
+    limits.observe_headers(
+        {"x-ratelimit-remaining-tokens": "1000", "x-ratelimit-reset-tokens": "10s"}, 0.0
+    )
+    assert limits.check(600, 0.0) == 0.0
+    assert limits.check(600, 1.0) == pytest.approx(9.0)
+    assert limits.check(400, 1.0) == 0.0
+    assert limits.paused_until(1.0) == pytest.approx(10.0)
+    limits.reconcile(estimated=1000, actual=700, now=2.0)  # 300 back
+    assert limits.check(300, 2.0) == 0.0
+    assert limits.check(1, 2.0) == pytest.approx(8.0)
+
+
+# AIMD: (now, event, expected limit). max 16.
+AIMD_STEPS = {
+    "halves on a 429": [(0.0, "429", 8), (2.0, "429", 4), (4.0, "429", 2), (6.0, "429", 1)],
+    "never below the floor": [(t, "429", max(1, 16 >> (t // 2 + 1))) for t in range(0, 14, 2)],
+    "a burst of 429s halves once": [(0.0, "429", 8), (0.1, "429", 8), (0.9, "429", 8)],
+    "one more after `limit` successes": (
+        [(0.0, "429", 8), (0.5, "ok", 8)]  # during the hold: ignored
+        + [(2.0, "ok", 8)] * 7
+        + [(2.0, "ok", 9)]
+        + [(2.0, "ok", 9)] * 8
+        + [(2.0, "ok", 10)]
+    ),
+    "never above the maximum": [(0.0, "ok", 16)] * 40,
+}
+
+
+@pytest.mark.parametrize("steps", AIMD_STEPS.values(), ids=AIMD_STEPS.keys())
+def test_adaptive_concurrency(steps: list[tuple[float, str, int]]) -> None:
+    aimd = AdaptiveConcurrency(16)
+    for index, (now, event, expected) in enumerate(steps):
+        got = aimd.on_throttle(now) if event == "429" else aimd.on_success(now)
+        assert got == expected == aimd.limit, f"step {index}"
+
+
+def test_adaptive_concurrency_recovers_to_the_maximum() -> None:
+    aimd = AdaptiveConcurrency(10, floor=2)
+    assert aimd.on_throttle(0.0) == 5
+    assert aimd.on_throttle(1.0) == 2
+    now, calls = 2.0, 0
+    while aimd.limit < 10:
+        aimd.on_success(now)
+        calls += 1
+    assert calls == sum(range(2, 10))  # +1 per window of `limit` successes
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"floor": 0}, {"floor": 11}, {"decrease": 1.0}, {"decrease": 0.0}],
+)
+def test_adaptive_concurrency_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        AdaptiveConcurrency(10, **kwargs)  # type: ignore[arg-type]

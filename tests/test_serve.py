@@ -1,0 +1,108 @@
+"""The real entry point (`python -m proxy serve`) in a subprocess: disconnects and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+CONFIG = """
+tiers:
+  - {name: high, max_wait_s: 30}
+  - {name: low, max_wait_s: 30}
+classify: {default_tier: low}
+providers:
+  - name: slow
+    kind: simulated
+    max_concurrency: 1
+    simulate: {ttft_s: 0.05, tokens_per_s: 20}
+models:
+  m: [{provider: slow, model: s}]
+"""
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+async def proxy(tmp_path: Path) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
+    config = tmp_path / "routing.yaml"
+    config.write_text(CONFIG)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
+         "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
+    assert line.startswith("listening on http://127.0.0.1:"), line
+    try:
+        yield line.split()[-1].strip(), process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+async def status(session: aiohttp.ClientSession, base: str) -> dict[str, object]:
+    async with session.get(f"{base}/admin/status") as resp:
+        data: dict[str, object] = await resp.json()
+        return data
+
+
+async def until(check: Callable[[], object], timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():  # type: ignore[misc]
+            await asyncio.sleep(0.02)
+
+
+def inflight(data: dict[str, object]) -> int:
+    providers = data["providers"]
+    assert isinstance(providers, dict)
+    return int(providers["slow"]["inflight"])
+
+
+async def test_disconnects_free_the_slot_and_leave_the_queue(
+    proxy: tuple[str, subprocess.Popen[str]]
+) -> None:
+    base, _ = proxy
+    async with aiohttp.ClientSession() as session:
+        # Mid-stream: read one chunk of a 10 s stream, then hang up.
+        body = {**CHAT, "stream": True, "max_tokens": 200}
+        resp = await session.post(f"{base}/v1/chat/completions", json=body)
+        assert (await resp.content.readany()).startswith(b"data: ")
+        # Queued: a second call waits behind the first; hang up while it waits.
+        queued = asyncio.create_task(session.post(f"{base}/v1/chat/completions", json=CHAT))
+
+        await asyncio.sleep(0.3)
+        queued.cancel()
+        resp.close()
+
+        async def idle() -> bool:
+            return inflight(await status(session, base)) == 0
+
+        await until(idle, timeout=1.0)
+        # The freed slot serves a new call at once: nothing ghost is dispatched before it.
+        async with session.post(f"{base}/v1/chat/completions",
+                                json={**CHAT, "max_tokens": 2}) as fresh:
+            assert fresh.status == 200
+            assert int(fresh.headers["x-proxy-queue-ms"]) < 500
+
+
+async def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(
+    proxy: tuple[str, subprocess.Popen[str]]
+) -> None:
+    base, process = proxy
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{base}/v1/chat/completions",
+                                  json={**CHAT, "stream": True, "max_tokens": 20})
+        assert (await resp.content.readany()).startswith(b"data: ")
+        process.send_signal(signal.SIGTERM)
+        rest = await resp.read()
+        assert rest.endswith(b"data: [DONE]\n\n")
+    assert await asyncio.to_thread(process.wait, 20) == 0
