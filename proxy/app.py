@@ -59,6 +59,7 @@ def build_app(
             service = Service(config, upstreams, clock or SystemClock(),
                               counter or TokenCounter.load())
             app[SERVICE] = service
+            service.apply_schedule()
             yield
             app[LIFECYCLE].draining = True
             await service.close()

@@ -8,14 +8,14 @@ never: a broken upstream ends the stream with an SSE error event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import math
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
+from .accounting import account_json
 from .classify import RequestFacts, classify
 from .errors import (
     ModelNotFound,
@@ -23,35 +23,18 @@ from .errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from .estimate import relative_error
-from .keys import REQUEST_ID, SERVICE, TIER
-from .relay import StreamTally, error_event
+from .keys import SERVICE, TIER
+from .plan import Plan
+from .relay import HOP_BY_HOP, answer_headers, relay
 from .request import Call, parse_call
 from .retry import backoff_s, parse_retry_after
-from .route import Deployment, ModelRoute, rank
+from .route import Deployment, rank
 from .scheduler import Ticket
 from .service import ProviderRuntime, Service
 from .upstream import UpstreamRequest, UpstreamResponse
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding",
-    "set-cookie", "date", "server", "x-request-id",
-})
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent", "x-request-id")
-
-
-@dataclass
-class Plan:
-    call: Call
-    route: ModelRoute
-    tier: int
-    tier_name: str
-    prompt_tokens: int
-    output_tokens: int
-    key: str
-    queue_s: float = 0.0
-    tried: set[str] = field(default_factory=set)
+MAX_REQUEUES = 20  # re-queued for rate limits at most this often; the tier's deadline still holds
 
 
 @dataclass
@@ -107,12 +90,20 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     return await _attempts(service, request, path, plan)
 
 
+class Skip(enum.Enum):
+    """An attempt that did not reach the upstream."""
+
+    BUDGET_SPENT = "budget_spent"  # a retry the provider's retry budget refused
+    RATE_LIMITED = "rate_limited"  # the provider's rpm/tpm allows no call now: queue again
+
+
 async def _attempts(
     service: Service, request: web.Request, path: str, plan: Plan
 ) -> web.StreamResponse:
     retry = service.config.retry
     last: Failure | None = None
-    for attempt in range(retry.max_attempts):
+    attempt = requeued = 0
+    while attempt < retry.max_attempts and requeued <= MAX_REQUEUES:
         now = service.clock.now()
         usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
                       service.deployment_stats(now), service.rng)
@@ -127,10 +118,14 @@ async def _attempts(
         if not fresh:
             break
         outcome = await _one_attempt(service, request, path, plan, fresh)
-        if outcome is None:
-            break  # the retry budget of the provider is spent
+        if outcome is Skip.RATE_LIMITED:
+            requeued += 1
+            continue
+        if outcome is Skip.BUDGET_SPENT:
+            break
         if not isinstance(outcome, Failure):
             return outcome
+        attempt += 1
         last = outcome
     if last is not None:
         return _final_failure(last, plan)
@@ -154,8 +149,8 @@ async def _one_attempt(
     path: str,
     plan: Plan,
     ranked: list[Deployment],
-) -> web.StreamResponse | Failure | None:
-    """One attempt through admission; None when the provider's retry budget refuses it.
+) -> web.StreamResponse | Failure | Skip:
+    """One attempt through admission.
 
     Moving on to another provider is a fallback and free; only a second attempt on a
     provider this call already tried spends that provider's retry budget.
@@ -170,13 +165,17 @@ async def _one_attempt(
             ticket.dispatched_at - ticket.arrived
         )
         deployment = next(d for d in ranked if d.provider == provider_name)
-        retry = any(key.startswith(provider_name + "/") for key in plan.tried)
-        plan.tried.add(deployment.key)
         provider = service.providers[provider_name]
         started = service.clock.now()
+        wait_s = provider.limits.check(plan.prompt_tokens + plan.output_tokens, started)
+        if wait_s > 0:
+            service.pause(provider_name, wait_s)
+            return Skip.RATE_LIMITED
+        retry = any(key.startswith(provider_name + "/") for key in plan.tried)
+        plan.tried.add(deployment.key)
         if retry:
             if not provider.budget.try_retry(started):
-                return None
+                return Skip.BUDGET_SPENT
         else:
             provider.budget.on_call(started)
         breaker = service.breakers[deployment.key]
@@ -238,6 +237,7 @@ async def _call(
         response = await provider.upstream.send(upstream_request, provider.config.timeouts)
     except UpstreamError as exc:
         return Failure(exc), "failure"
+    _observe_quota(service, provider, deployment, response)
     try:
         if response.status == 429 or response.status >= 500:
             return await _failed_response(response, service.clock.wall()), (
@@ -246,21 +246,33 @@ async def _call(
         if not call.stream or response.status != 200:
             data = await response.read()
             answer = web.Response(body=data, status=response.status,
-                                  headers=_answer_headers(request, plan, deployment, response))
+                                  headers=answer_headers(request, plan, deployment, response))
             if response.status == 200:
-                _account_json(service, plan, deployment, data, started)
+                account_json(service, plan, deployment, data, started)
             return answer, "success"
         chunks = response.chunks()
         first = await anext(chunks, b"")
         if not first:
             return Failure(UpstreamError("upstream stream ended before any data")), "failure"
         ttft = service.clock.now() - started
-        return await _relay(service, request, plan, deployment, response, chunks, first,
+        return await relay(service, request, plan, deployment, response, chunks, first,
                             strip_usage, started, ttft)
     except UpstreamError as exc:
         return Failure(exc), "failure"
     finally:
         response.close()
+
+
+def _observe_quota(
+    service: Service, provider: ProviderRuntime, deployment: Deployment,
+    response: UpstreamResponse,
+) -> None:
+    """Pause a provider that reports its quota spent, before it starts answering 429."""
+    now = service.clock.now()
+    provider.limits.observe_headers(response.headers, now)
+    until = provider.limits.paused_until(now)
+    if until > now:
+        service.pause(deployment.provider, until - now)
 
 
 def _upstream_body(
@@ -296,112 +308,3 @@ def _final_failure(last: Failure, plan: Plan) -> web.StreamResponse:
     return web.Response(body=last.body, status=last.status, headers=headers)
 
 
-def _answer_headers(
-    request: web.Request, plan: Plan, deployment: Deployment, response: UpstreamResponse
-) -> dict[str, str]:
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
-    headers["x-request-id"] = request[REQUEST_ID]
-    headers["x-proxy-tier"] = plan.tier_name
-    headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
-    headers["x-proxy-upstream"] = deployment.key
-    return headers
-
-
-class _ClientGone(Exception):
-    """The client stopped reading (write timed out) or disconnected."""
-
-
-async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            await response.write(data)
-    except (TimeoutError, ConnectionResetError) as exc:
-        raise _ClientGone() from exc
-
-
-async def _relay(
-    service: Service,
-    request: web.Request,
-    plan: Plan,
-    deployment: Deployment,
-    response: UpstreamResponse,
-    chunks: AsyncIterator[bytes],
-    first: bytes,
-    strip_usage: bool,
-    started: float,
-    ttft: float,
-) -> tuple[web.StreamResponse, str]:
-    """Past the commit point: relay chunks as they come; errors become an SSE error event."""
-    answer = web.StreamResponse(headers=_answer_headers(request, plan, deployment, response))
-    answer.headers.setdefault("cache-control", "no-cache")
-    timeout_s = service.config.limits.write_timeout_s
-    tally = StreamTally(strip_usage)
-    verdict = "success"
-    try:
-        await answer.prepare(request)
-        await _write(answer, tally.feed(first), timeout_s)
-        async for chunk in chunks:
-            data = tally.feed(chunk)
-            if data:
-                await _write(answer, data, timeout_s)
-        rest = tally.flush()
-        if rest:
-            await _write(answer, rest, timeout_s)
-        await answer.write_eof()
-    except UpstreamError as exc:
-        verdict = "failure"
-        service.metrics.stream_errors.labels(deployment.provider, exc.code).inc()
-        with contextlib.suppress(_ClientGone):
-            await _write(answer, error_event(f"upstream stream failed: {exc.message}", exc.code),
-                         timeout_s)
-    except _ClientGone:
-        verdict = "abandon"
-        service.metrics.stream_errors.labels(deployment.provider, "client_gone").inc()
-    finally:
-        response.close()
-    usage = tally.usage or {}
-    completion = usage.get("completion_tokens")
-    _account(service, plan, deployment, usage.get("prompt_tokens"),
-             completion if isinstance(completion, int) else max(tally.events - 2, 0),
-             ttft, service.clock.now() - started)
-    return answer, verdict
-
-
-def _account_json(
-    service: Service, plan: Plan, deployment: Deployment, data: bytes, started: float
-) -> None:
-    try:
-        usage = orjson.loads(data).get("usage") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        usage = {}
-    completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    _account(service, plan, deployment, prompt,
-             completion if isinstance(completion, int) else plan.output_tokens, None,
-             service.clock.now() - started)
-
-
-def _account(
-    service: Service,
-    plan: Plan,
-    deployment: Deployment,
-    prompt: object,
-    completion: int,
-    ttft_s: float | None,
-    total_s: float,
-) -> None:
-    prompt_tokens = prompt if isinstance(prompt, int) else plan.prompt_tokens
-    metrics = service.metrics
-    metrics.tokens.labels(deployment.provider, "prompt").inc(prompt_tokens)
-    metrics.tokens.labels(deployment.provider, "completion").inc(completion)
-    metrics.cost.labels(plan.key, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
-    if plan.output_tokens:
-        metrics.estimate_error.labels("output_tokens").observe(
-            abs(relative_error(plan.output_tokens, completion))
-        )
-    predicted_s = service.latency.expect_service_s(deployment.key, prompt_tokens, completion)
-    metrics.estimate_error.labels("service_seconds").observe(
-        abs(relative_error(predicted_s, total_s, floor=0.01))
-    )
-    service.outputs.observe(plan.key, plan.call.model, completion)
-    service.latency.observe(deployment.key, ttft_s, completion, total_s, prompt_tokens)

@@ -1,12 +1,30 @@
-"""Watching (and, when the proxy asked for usage itself, editing) a relayed SSE stream."""
+"""Past the commit point: relaying an SSE stream to the client, watching (and, when the
+proxy asked for usage itself, editing) it as it passes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+from aiohttp import web
 
+from .accounting import account
+from .errors import UpstreamError
+from .keys import REQUEST_ID
+from .plan import Plan
+from .route import Deployment
+from .service import Service
+from .upstream import UpstreamResponse
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding",
+    "set-cookie", "date", "server", "x-request-id",
+})
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")
 _MAX_PENDING = 1 << 16  # an event larger than this is passed on as it is
 
@@ -80,3 +98,74 @@ def error_event(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps(
         {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
     ) + b"\n\n"
+
+
+def answer_headers(
+    request: web.Request, plan: Plan, deployment: Deployment, response: UpstreamResponse
+) -> dict[str, str]:
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers["x-request-id"] = request[REQUEST_ID]
+    headers["x-proxy-tier"] = plan.tier_name
+    headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
+    headers["x-proxy-upstream"] = deployment.key
+    return headers
+
+
+class _ClientGone(Exception):
+    """The client stopped reading (write timed out) or disconnected."""
+
+
+async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except (TimeoutError, ConnectionResetError) as exc:
+        raise _ClientGone() from exc
+
+
+async def relay(
+    service: Service,
+    request: web.Request,
+    plan: Plan,
+    deployment: Deployment,
+    response: UpstreamResponse,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    strip_usage: bool,
+    started: float,
+    ttft: float,
+) -> tuple[web.StreamResponse, str]:
+    """Past the commit point: relay chunks as they come; errors become an SSE error event."""
+    answer = web.StreamResponse(headers=answer_headers(request, plan, deployment, response))
+    answer.headers.setdefault("cache-control", "no-cache")
+    timeout_s = service.config.limits.write_timeout_s
+    tally = StreamTally(strip_usage)
+    verdict = "success"
+    try:
+        await answer.prepare(request)
+        await _write(answer, tally.feed(first), timeout_s)
+        async for chunk in chunks:
+            data = tally.feed(chunk)
+            if data:
+                await _write(answer, data, timeout_s)
+        rest = tally.flush()
+        if rest:
+            await _write(answer, rest, timeout_s)
+        await answer.write_eof()
+    except UpstreamError as exc:
+        verdict = "failure"
+        service.metrics.stream_errors.labels(deployment.provider, exc.code).inc()
+        with contextlib.suppress(_ClientGone):
+            await _write(answer, error_event(f"upstream stream failed: {exc.message}", exc.code),
+                         timeout_s)
+    except _ClientGone:
+        verdict = "abandon"
+        service.metrics.stream_errors.labels(deployment.provider, "client_gone").inc()
+    finally:
+        response.close()
+    usage = tally.usage or {}
+    completion = usage.get("completion_tokens")
+    account(service, plan, deployment, usage.get("prompt_tokens"),
+             completion if isinstance(completion, int) else max(tally.events - 2, 0),
+             ttft, service.clock.now() - started)
+    return answer, verdict

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -13,11 +15,12 @@ from .breaker import Breaker, State
 from .clock import Clock
 from .config import Config, Provider
 from .estimate import LatencyModel, OutputEstimator
-from .limits import AdaptiveConcurrency
+from .limits import AdaptiveConcurrency, ProviderLimits
 from .metrics import Metrics
 from .retry import RetryBudget
 from .route import DeploymentStats
 from .scheduler import Scheduler
+from .schedules import Schedule, active, next_change
 from .tokens import TokenCounter
 from .upstream import Upstream
 
@@ -30,6 +33,7 @@ class ProviderRuntime:
     upstream: Upstream
     concurrency: AdaptiveConcurrency
     budget: RetryBudget
+    limits: ProviderLimits
 
 
 class Service:
@@ -54,6 +58,7 @@ class Service:
                 upstream=upstreams[name],
                 concurrency=AdaptiveConcurrency(provider.max_concurrency),
                 budget=RetryBudget(ratio=config.retry.budget),
+                limits=ProviderLimits(provider.rpm, provider.tpm),
             )
             for name, provider in config.providers.items()
         }
@@ -67,6 +72,9 @@ class Service:
                 if deployment.key not in self.breakers:
                     self.breakers[deployment.key] = self._breaker(deployment.provider,
                                                                   deployment.key)
+        self._resume: dict[str, asyncio.TimerHandle] = {}
+        self._schedule_timer: asyncio.TimerHandle | None = None
+        self.schedule: Schedule | None = None
         self.outputs = OutputEstimator()
         self.latency = LatencyModel()
         for name, provider in config.providers.items():
@@ -108,9 +116,42 @@ class Service:
         self.metrics.limit.labels(provider).set(limit)
         self.admission.set_capacity(provider, limit)
 
+    def pause(self, provider: str, seconds: float) -> None:
+        """Dispatch nothing to ``provider`` for ``seconds`` (rate limits, quota resets)."""
+        loop = asyncio.get_running_loop()
+        current = self._resume.get(provider)
+        if current is not None:
+            if current.when() >= loop.time() + seconds:
+                return
+            current.cancel()
+        self.admission.set_available(provider, False)
+        self._resume[provider] = loop.call_later(seconds, self._unpause, provider)
+
+    def _unpause(self, provider: str) -> None:
+        del self._resume[provider]
+        self.admission.set_available(provider, True)
+
+    def apply_schedule(self) -> None:
+        """Apply the time-of-day window in force now and arm one timer for the next change."""
+        if not self.config.schedules:
+            return
+        tz = zoneinfo.ZoneInfo(self.config.timezone)
+        wall = self.clock.wall()
+        schedule = active(self.config.schedules, tz, wall)
+        if schedule != self.schedule:
+            self.schedule = schedule
+            index = {name: i for i, name in enumerate(self.config.tier_names)}
+            self.admission.set_policy(
+                None if schedule is None else {index[t]: w for t, w in schedule.weights.items()},
+                None if schedule is None else {index[t]: r for t, r in schedule.reserves.items()},
+            )
+        delay = max(next_change(self.config.schedules, tz, wall) - wall, 1.0)
+        self._schedule_timer = asyncio.get_running_loop().call_later(delay, self.apply_schedule)
+
     def status(self) -> dict[str, object]:
         now = self.clock.now()
         return {
+            "schedule": None if self.schedule is None else self.schedule.name,
             "scheduler": self.scheduler.snapshot(now),
             "breakers": {key: b.snapshot(now) for key, b in self.breakers.items()},
             "providers": {
@@ -119,6 +160,7 @@ class Service:
                     "max_concurrency": p.config.max_concurrency,
                     "limit": p.concurrency.limit,
                     "inflight": self.scheduler.inflight(name),
+                    "paused": name in self._resume,
                 }
                 for name, p in self.providers.items()
             },
@@ -129,6 +171,11 @@ class Service:
         }
 
     async def close(self) -> None:
+        if self._schedule_timer is not None:
+            self._schedule_timer.cancel()
+        for handle in self._resume.values():
+            handle.cancel()
+        self._resume.clear()
         self.admission.close()
         for provider in self.providers.values():
             await provider.upstream.close()
