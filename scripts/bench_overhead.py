@@ -7,45 +7,49 @@ Three targets, measured in alternation in one run so the machine's noise hits al
 - ``proxy``: ``python -m proxy serve`` with its full request path, one ``openai``-kind
   provider pointing at the fake upstream.
 
-Every server and the closed-loop load generator run in their own processes, all on
-127.0.0.1 and all on uvloop. The same file is each of those processes (``--role``).
+Every server and the closed-loop load generator (wrk when installed, else an aiohttp
+client) run in their own processes, on 127.0.0.1 and on uvloop. This file is also the
+fake upstream, the pass-through and the aiohttp load generator (``--role``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import json
-import os
-import select
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
+from bench_common import (
+    HOST,
+    REQUEST_TIMEOUT_S,
+    WARMUP_S,
+    Children,
+    Load,
+    Sample,
+    children,
+    cpu_s,
+    load_command,
+    loop_factory,
+    machine,
+    rss_mb,
+    serve_loads,
+    wrk_load,
+    wrk_path,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
 PROXY_KEY = "bench-key"
 TARGETS = ("upstream", "bare", "proxy")
 MODES = ("json", "stream")
-READY_TIMEOUT_S = 60.0
-REQUEST_TIMEOUT_S = 30.0
-STOP_GRACE_S = 10.0
-WARMUP_S = 0.5
-PR_SET_PDEATHSIG = 1
+HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {PROXY_KEY}"}
 GOALS = "proxy >= 0.8x bare req/s; added p99 <= 2 ms at moderate load; idle RSS < 100 MB"
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -163,142 +167,16 @@ async def serve_until_signalled(app: web.Application) -> None:
         await runner.cleanup()
 
 
-# --- the closed-loop load generator ------------------------------------------------------
-
-async def measure(url: str, body: bytes, connections: int, duration_s: float) -> dict[str, Any]:
-    """``connections`` workers, each sending its next call as soon as the last one ends.
-
-    Calls that end inside the measured window count (after a warm-up that opens the
-    connections); latency is until the last byte of the body, [DONE] included.
-    """
-    headers = {"content-type": "application/json", "authorization": f"Bearer {PROXY_KEY}"}
-    latencies: list[float] = []
-    errors = 0
-    begin = time.perf_counter() + WARMUP_S
-    end = begin + duration_s
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal errors
-        while (started := time.perf_counter()) < end:
-            try:
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    ok = response.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                ok = False
-            finished = time.perf_counter()
-            if begin <= finished <= end:
-                if ok:
-                    latencies.append(finished - started)
-                else:
-                    errors += 1
-
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(worker(session) for _ in range(connections)))
-    return {"seconds": duration_s, "errors": errors,
-            "latencies_ms": [round(s * 1000, 4) for s in latencies]}
-
-
-def run_loadgen() -> None:
-    """One measurement per JSON line on stdin, one JSON line of results on stdout."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        for line in sys.stdin:
-            command = json.loads(line)
-            result = runner.run(measure(
-                command["url"], request_body(command["stream"]),
-                command["connections"], command["duration"],
-            ))
-            sys.stdout.write(json.dumps(result) + "\n")
-            sys.stdout.flush()
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 def run_role(role: str, upstream: str) -> None:
     if role == "loadgen":
-        run_loadgen()
+        serve_loads()
         return
     app = upstream_app() if role == "upstream" else bare_app(upstream)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(serve_until_signalled(app))
 
 
-# --- the orchestrator ----------------------------------------------------------------------
-
-def die_with_parent() -> None:
-    """Children get SIGTERM if the benchmark itself is killed outright."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@dataclass
-class Children:
-    logs: Path
-    procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
-
-    def start(self, name: str, argv: list[str], *, stdin: bool = False) -> subprocess.Popen[str]:
-        log = (self.logs / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=log,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def wait_listening(self, name: str) -> str:
-        """The URL from the child's ``listening on http://...`` line."""
-        line = self.read_line(name, READY_TIMEOUT_S)
-        if not line.startswith("listening on "):
-            self.fail(name, f"unexpected first line {line!r}")
-        return line.removeprefix("listening on ").strip()
-
-    def read_line(self, name: str, timeout_s: float) -> str:
-        proc = self.procs[name]
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        line = proc.stdout.readline() if ready else ""
-        if not line:
-            self.fail(name, "exited" if proc.poll() is not None else f"silent for {timeout_s}s")
-        return line
-
-    def fail(self, name: str, why: str) -> None:
-        tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
-        raise SystemExit(f"{name}: {why}\n--- last log lines ---\n{tail}")
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextmanager
-def children() -> Iterator[Children]:
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with tempfile.TemporaryDirectory(prefix="bench_overhead.") as tmp:
-        kids = Children(Path(tmp))
-        try:
-            yield kids
-        finally:
-            kids.stop_all()
-            signal.signal(signal.SIGTERM, previous)
-
+# --- the benchmark ---------------------------------------------------------------------------
 
 def proxy_config(upstream: str) -> str:
     return f"""\
@@ -311,7 +189,7 @@ providers:
   - name: fake
     kind: openai
     base_url: {upstream}/v1
-    api_key: upstream
+    api_key: upstream-key
     max_concurrency: 64
 models:
   bench-model:
@@ -319,25 +197,222 @@ models:
 """
 
 
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MB."""
-    fields = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    return tuple(int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM"))  # type: ignore[return-value]
-
-
 def smoke_check(name: str, url: str) -> None:
     """One call per mode, so a broken target fails loudly instead of benchmarking errors."""
     for stream in (False, True):
-        request = urllib.request.Request(url, data=request_body(stream), method="POST", headers={
-            "content-type": "application/json", "authorization": f"Bearer {PROXY_KEY}",
-        })
+        request = urllib.request.Request(url, data=request_body(stream), method="POST",
+                                         headers=HEADERS)
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             data = response.read()
             upstream_header = response.headers.get("x-proxy-upstream")
         expected = b"data: [DONE]" if stream else b'"choices"'
-        if expected not in data or b'"usage":{"prompt' in data and stream:
+        if expected not in data:
             raise SystemExit(f"{name}: unexpected {'stream' if stream else 'JSON'} reply {data!r}")
+        if stream and b'"choices":[],' in data:
+            raise SystemExit(f"{name}: the usage chunk the client did not ask for came through")
         if name == "proxy" and upstream_header != "fake/fake-model":
             raise SystemExit(f"proxy: x-proxy-upstream was {upstream_header!r}")
+
+
+@dataclass(frozen=True)
+class Point:
+    connections: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement of one target, with the CPU its own process spent per call."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+    errors: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Medians over the rounds (each round is one run per target)."""
+
+    runs: list[Run]
+
+    def median(self, name: str) -> float:
+        return statistics.median(float(getattr(run, name)) for run in self.runs)
+
+    @property
+    def rps_range(self) -> str:
+        rates = [run.rps for run in self.runs]
+        return f"{min(rates):.0f}-{max(rates):.0f}"
+
+    @property
+    def errors(self) -> int:
+        return sum(run.errors for run in self.runs)
+
+
+Key = tuple[str, str, int]  # target, mode, connections
+
+
+class Bench:
+    def __init__(self, kids: Children, client: str) -> None:
+        self.kids = kids
+        self.client = client
+        self.pids: dict[str, int] = {}
+        self.urls: dict[str, str] = {}
+
+    def start(self) -> dict[str, float]:
+        """Starts the three targets; returns the proxy's start-up time and idle size."""
+        python, me = sys.executable, str(Path(__file__).resolve())
+        path = "/v1/chat/completions"
+        self._server("upstream", [python, me, "--role", "upstream"], path)
+        upstream = self.urls["upstream"].removesuffix(path)
+        self._server("bare", [python, me, "--role", "bare", "--upstream", upstream], path)
+        config = self.kids.logs / "bench.yaml"
+        config.write_text(proxy_config(upstream))
+        started = time.perf_counter()
+        self._server("proxy", [python, "-m", "proxy", "serve", "--config", str(config),
+                               "--port", "0", "--log-level", "WARNING"], path)
+        memory = {"startup_s": time.perf_counter() - started}
+        time.sleep(1.0)  # let start-up garbage settle before reading the idle size
+        memory["idle"] = rss_mb(self.pids["proxy"])[0]
+        for name, url in self.urls.items():
+            smoke_check(name, url)
+        if self.client == "aiohttp":
+            self.kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
+        return memory
+
+    def _server(self, name: str, argv: list[str], path: str) -> None:
+        self.pids[name] = self.kids.start(name, argv).pid
+        self.urls[name] = self.kids.wait_listening(name) + path
+
+    def run(self, target: str, stream: bool, point: Point) -> Run:
+        load = Load(self.urls[target], request_body(stream), HEADERS, point.connections,
+                    point.duration_s)
+        cpu_before = cpu_s(self.pids[target])
+        sample = self._load(load)
+        cpu_us = (cpu_s(self.pids[target]) - cpu_before) / max(sample.completed, 1) * 1e6
+        return Run(sample.rps, sample.p50_ms, sample.p99_ms, cpu_us, sample.errors)
+
+    def _load(self, load: Load) -> Sample:
+        if self.client == "wrk":
+            return wrk_load(load, self.kids.logs)
+        loadgen = self.kids.procs["loadgen"]
+        assert loadgen.stdin is not None
+        loadgen.stdin.write(load_command(load))
+        loadgen.stdin.flush()
+        timeout_s = load.duration_s + WARMUP_S + REQUEST_TIMEOUT_S + 10.0
+        return Sample(**orjson.loads(self.kids.read_line("loadgen", timeout_s)))
+
+
+def report(args: argparse.Namespace, client: str, points: list[Point],
+           results: dict[Key, list[Run]], memory: dict[str, float]) -> str:
+    summaries = {key: Summary(runs) for key, runs in results.items()}
+    load = ("wrk, 1 thread" if client == "wrk" else "aiohttp client on uvloop") + \
+        ", in its own process"
+    lines = [
+        f"machine: {machine()}",
+        f"load: closed loop, {load}; {args.rounds} rounds, targets alternated within each; "
+        + ", ".join(f"{p.connections} conns x {p.duration_s:g} s" for p in points),
+        "figures: medians over the rounds; cpu = the target process's own CPU per call",
+        "",
+        f"{'target':<9}{'mode':<7}{'conns':>5}{'req/s':>8}{'rounds':>12}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'cpu us':>8}{'errors':>7}",
+    ]
+    for mode in MODES:
+        for point in points:
+            for target in TARGETS:
+                s = summaries[(target, mode, point.connections)]
+                lines.append(
+                    f"{target:<9}{mode:<7}{point.connections:>5}{s.median('rps'):>8.0f}"
+                    f"{s.rps_range:>12}{s.median('p50_ms'):>8.2f}{s.median('p99_ms'):>8.2f}"
+                    f"{s.median('cpu_us'):>8.0f}{s.errors:>7}"
+                )
+    lines += ["", f"{'proxy vs bare':<14}{'conns':>5}{'req/s ratio':>12}{'rounds':>12}"
+                  f"{'+p50 ms':>9}{'+p99 ms':>9}{'+cpu us':>9}"]
+    for mode in MODES:
+        for point in points:
+            proxy, bare = (results[(t, mode, point.connections)] for t in ("proxy", "bare"))
+            ratios = [p.rps / b.rps for p, b in zip(proxy, bare, strict=True)]
+
+            def added(value: str, proxy: list[Run] = proxy, bare: list[Run] = bare) -> float:
+                return Summary(proxy).median(value) - Summary(bare).median(value)
+
+            lines.append(
+                f"{mode:<14}{point.connections:>5}{statistics.median(ratios):>12.2f}"
+                f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12}{added('p50_ms'):>+9.2f}"
+                f"{added('p99_ms'):>+9.2f}{added('cpu_us'):>+9.0f}"
+            )
+    lines += [
+        "",
+        f"proxy: listening {memory['startup_s']:.1f} s after launch; RSS idle after start-up "
+        f"{memory['idle']:.1f} MiB, after the load {memory['after']:.1f} MiB "
+        f"(peak {memory['peak']:.1f} MiB)",
+        f"goals: {GOALS}",
+    ]
+    return "\n".join(lines)
+
+
+def benchmark(kids: Children, args: argparse.Namespace) -> str:
+    if args.client == "wrk" and not wrk_path():
+        raise SystemExit("--client wrk: wrk is not installed (apt-get install wrk)")
+    client = "wrk" if args.client != "aiohttp" and wrk_path() else "aiohttp"
+    bench = Bench(kids, client)
+    memory = bench.start()
+    points = [Point(args.connections, args.duration)]
+    if args.moderate != args.connections:
+        points.append(Point(args.moderate, max(1.0, args.duration / 2)))
+    per_round = len(MODES) * len(TARGETS) * sum(p.duration_s + WARMUP_S for p in points)
+    print(f"{client} load, about {per_round * args.rounds:.0f} s ...", file=sys.stderr)
+    results: dict[Key, list[Run]] = {}
+    for round_no in range(1, args.rounds + 1):
+        for mode in MODES:
+            for point in points:
+                for target in TARGETS:
+                    run = bench.run(target, mode == "stream", point)
+                    results.setdefault((target, mode, point.connections), []).append(run)
+                    print(f"round {round_no}/{args.rounds} {mode:<6} {point.connections:>3} "
+                          f"conns {target:<8} {run.rps:>7.0f} req/s "
+                          f"p99 {run.p99_ms:6.2f} ms", file=sys.stderr)
+    memory["after"], memory["peak"] = rss_mb(bench.pids["proxy"])
+    return report(args, client, points, results, memory)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Requests/s, latency and CPU per call of the proxy against a bare aiohttp "
+                    "pass-through and the upstream itself, measured in alternation.")
+    parser.add_argument("--duration", type=float, default=5.0,
+                        help="seconds per target per round at full load (default 5; the "
+                             "moderate-load point runs half as long)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--connections", type=int, default=32,
+                        help="concurrent connections at full load (default 32)")
+    parser.add_argument("--moderate", type=int, default=4,
+                        help="concurrent connections at moderate load (default 4)")
+    parser.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto",
+                        help="load generator (default: wrk if installed, else aiohttp)")
+    parser.add_argument("--role", choices=("upstream", "bare", "loadgen"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.duration <= 0 or args.rounds < 1 or args.connections < 1 or args.moderate < 1:
+        parser.error("--duration must be positive; --rounds and connections at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role:
+        run_role(args.role, args.upstream)
+        return 0
+    try:
+        with children("bench_overhead.") as kids:
+            print(benchmark(kids, args))
+    except KeyboardInterrupt:
+        print("interrupted; children stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Helpers for the benchmark scripts: child processes, /proc readings, closed-loop load.
+
+Everything stays on 127.0.0.1; every child is stopped on exit, on Ctrl-C and on SIGTERM,
+and dies with its parent if the parent is killed outright.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+WARMUP_S = 0.5
+PR_SET_PDEATHSIG = 1
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's, when installed (the proxy runs on it too)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it if the benchmark itself dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Children:
+    """Named child processes; stdout is a pipe for their ready line, stderr a log file."""
+
+    logs: Path
+    procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str], *, stdin: bool = False) -> subprocess.Popen[str]:
+        with (self.logs / f"{name}.log").open("w") as log:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=log,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def wait_listening(self, name: str) -> str:
+        """The URL from the child's ``listening on http://...`` line."""
+        line = self.read_line(name, READY_TIMEOUT_S)
+        if not line.startswith("listening on "):
+            self.fail(name, f"unexpected first line {line!r}")
+        return line.removeprefix("listening on ").strip()
+
+    def read_line(self, name: str, timeout_s: float) -> str:
+        proc = self.procs[name]
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            self.fail(name, "exited" if proc.poll() is not None else f"silent for {timeout_s}s")
+        return line
+
+    def fail(self, name: str, why: str) -> None:
+        tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
+        raise SystemExit(f"{name}: {why}\n--- last lines of its log ---\n{tail}")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def children(prefix: str) -> Iterator[Children]:
+    """Children stopped on the way out, SIGTERM to this process included."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        kids = Children(Path(tmp))
+        try:
+            yield kids
+        finally:
+            kids.stop_all()
+            signal.signal(signal.SIGTERM, previous)
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process, in MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    utime, stime = stat.rpartition(")")[2].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    loop = "uvloop" if loop_factory() else "asyncio (no uvloop)"
+    return (f"{os.cpu_count()} CPUs ({cpu}), Python {sys.version.split()[0]}, "
+            f"aiohttp {aiohttp.__version__}, {loop}")
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Nearest rank of a sorted list; NaN when empty."""
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+@dataclass(frozen=True)
+class Load:
+    """One closed-loop measurement: ``connections`` callers, each waiting for its answer."""
+
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    connections: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float  # the measured window
+    requests: int  # successful calls that ended inside the window
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    completed: int  # successful calls in the whole run, warm-up included (for CPU per call)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+async def aiohttp_load(load: Load) -> Sample:
+    """Calls ending inside the window count, after a warm-up that opens the connections;
+    latency runs to the last byte of the body ([DONE] included)."""
+    latencies: list[float] = []
+    errors = completed = 0
+    begin = time.perf_counter() + WARMUP_S
+    end = begin + load.duration_s
+
+    async def caller(session: aiohttp.ClientSession) -> None:
+        nonlocal errors, completed
+        while (started := time.perf_counter()) < end:
+            try:
+                async with session.post(load.url, data=load.body,
+                                        headers=load.headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            finished = time.perf_counter()
+            completed += ok
+            if begin <= finished <= end:
+                if ok:
+                    latencies.append(finished - started)
+                else:
+                    errors += 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(caller(session) for _ in range(load.connections)))
+    latencies.sort()
+    return Sample(load.duration_s, len(latencies), errors, percentile(latencies, 0.5) * 1000,
+                  percentile(latencies, 0.99) * 1000, completed)
+
+
+def serve_loads() -> None:
+    """The load-generator process: one JSON ``Load`` per stdin line, one ``Sample`` back."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        for line in sys.stdin:
+            spec: dict[str, Any] = json.loads(line)
+            load = Load(spec["url"], spec["body"].encode(), spec["headers"],
+                        spec["connections"], spec["duration_s"])
+            sample = runner.run(aiohttp_load(load))
+            sys.stdout.write(json.dumps(sample.__dict__) + "\n")
+            sys.stdout.flush()
+
+
+def load_command(load: Load) -> str:
+    return json.dumps({**load.__dict__, "body": load.body.decode()}) + "\n"
+
+
+WRK_SCRIPT = """\
+wrk.method = "POST"
+wrk.body = [==[{body}]==]
+{headers}
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\\n{{"us": %d, "requests": %d, "non2xx": %d, "socket_errors": %d, "p50": %d, "p99": %d}}\\n',
+    summary.duration, summary.requests, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk_path() -> str | None:
+    return shutil.which("wrk")
+
+
+def wrk_load(load: Load, scratch: Path) -> Sample:
+    """The same measurement with wrk (one thread; whole seconds; no warm-up of its own)."""
+    script = scratch / "wrk_post.lua"
+    script.write_text(WRK_SCRIPT.format(
+        body=load.body.decode(),
+        headers="\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in load.headers.items()),
+    ))
+    seconds = max(1, round(load.duration_s))
+    result = subprocess.run(
+        ["wrk", "-t1", f"-c{load.connections}", f"-d{seconds}s",
+         f"--timeout={REQUEST_TIMEOUT_S:.0f}s", "-s", str(script), load.url],
+        capture_output=True, text=True, timeout=seconds + REQUEST_TIMEOUT_S + 10,
+        check=True, preexec_fn=die_with_parent,
+    )
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    ok = found["requests"] - found["non2xx"]
+    return Sample(found["us"] / 1e6, ok, found["non2xx"] + found["socket_errors"],
+                  found["p50"] / 1000, found["p99"] / 1000, ok)

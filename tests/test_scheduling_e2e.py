@@ -1,0 +1,141 @@
+"""Priority scheduling over real sockets: order by tier, queued disconnects, bounded queue."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientSession, TCPConnector
+from aiohttp.test_utils import TestServer
+
+from proxy.app import build_app
+from proxy.keys import SERVICE
+from proxy.tokens import TokenCounter
+
+from .conftest import config_from
+from .fakes import FakeUpstream
+
+Factory = Callable[..., Awaitable[Any]]
+
+
+def chat(tag: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": tag}], "max_tokens": 5}
+
+
+async def one_slot_proxy(
+    aiohttp_server: Factory, counter: TokenCounter, fake: FakeUpstream, **sections: Any
+) -> TestServer:
+    upstream = await aiohttp_server(fake.app())
+    config = config_from(
+        [{"name": "p", "base_url": str(upstream.make_url("/v1")), "max_concurrency": 1}],
+        {"m": [{"provider": "p", "model": "x"}]}, **sections,
+    )
+    server: TestServer = await aiohttp_server(build_app(config, counter=counter))
+    return server
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_saturated_slot_serves_queued_calls_by_tier(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(hold_s=0.15)
+    server = await one_slot_proxy(aiohttp_server, counter, fake)
+    scheduler = server.app[SERVICE].scheduler
+    url = server.make_url("/v1/chat/completions")
+    order = ["low", "normal", "low", "high", "normal", "critical", "high"]
+    async with ClientSession() as session:
+        blocker = asyncio.create_task(session.post(url, json=chat("blocker")))
+        await until(lambda: fake.active == 1)
+        calls = []
+        for i, tier in enumerate(order):
+            calls.append(asyncio.create_task(session.post(
+                url, json=chat(f"{tier}-{i}"), headers={"X-Priority": tier})))
+            await until(lambda n=i + 1: sum(scheduler.depth(t) for t in range(4)) == n)
+        responses = await asyncio.gather(blocker, *calls)
+        assert [r.status for r in responses] == [200] * (len(order) + 1)
+        assert [r.headers["x-proxy-tier"] for r in responses[1:]] == order
+    served = [s.body["messages"][0]["content"].split("-")[0] for s in fake.seen[1:]]
+    assert served == ["critical", "high", "high", "normal", "normal", "low", "low"]
+
+
+async def test_a_queued_call_whose_client_leaves_is_never_dispatched(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(hold_s=0.2)
+    server = await one_slot_proxy(aiohttp_server, counter, fake)
+    scheduler = server.app[SERVICE].scheduler
+    url = server.make_url("/v1/chat/completions")
+    async with ClientSession() as session:
+        blocker = asyncio.create_task(session.post(url, json=chat("blocker")))
+        await until(lambda: fake.active == 1)
+        leaver = asyncio.create_task(session.post(url, json=chat("leaver")))
+        await until(lambda: scheduler.depth(2) == 1)
+        leaver.cancel()
+        await until(lambda: scheduler.depth(2) == 0)
+        assert (await blocker).status == 200
+        after = await session.post(url, json=chat("after"))
+        assert after.status == 200
+    assert [s.body["messages"][0]["content"] for s in fake.seen] == ["blocker", "after"]
+    assert scheduler.inflight("p") == 0
+
+
+async def test_10000_calls_at_once_hold_a_bounded_queue(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(hold_s=600)
+    server = await one_slot_proxy(aiohttp_server, counter, fake, scheduler={"max_queue": 2000})
+    scheduler = server.app[SERVICE].scheduler
+    url = server.make_url("/v1/chat/completions")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    async with ClientSession(connector=TCPConnector(limit=0)) as session:
+
+        async def call(i: int) -> tuple[int, str, str | None]:
+            async with session.post(url, json=chat(str(i))) as resp:
+                body = await resp.json()
+                return resp.status, body["error"]["code"], resp.headers.get("retry-after")
+
+        tasks = []
+        for i in range(10_000):
+            tasks.append(asyncio.create_task(call(i)))
+            if i % 100 == 99:  # stay within the test server's listen backlog of 128
+                await asyncio.sleep(0.01)
+        rejected = 10_000 - 2_001
+        await until(lambda: sum(t.done() for t in tasks) == rejected, timeout=60)
+        assert sum(scheduler.depth(t) for t in range(4)) == 2000
+        assert scheduler.inflight("p") == 1
+        results = [t.result() for t in tasks if t.done()]
+        assert {(status, code) for status, code, _ in results} == {(503, "queue_full")}
+        assert all(retry_after and int(retry_after) >= 1 for _, _, retry_after in results)
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert grown_mb < 250, f"grew {grown_mb:.0f} MB"
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await until(lambda: sum(scheduler.depth(t) for t in range(4)) == 0)
+
+
+async def test_queued_past_the_tier_deadline_gets_queue_timeout(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(hold_s=1.0)
+    server = await one_slot_proxy(
+        aiohttp_server, counter, fake,
+        tiers=[{"name": "fast", "max_wait_s": 0.2}, {"name": "slow", "max_wait_s": 60}],
+        classify={"default_tier": "slow"},
+    )
+    url = server.make_url("/v1/chat/completions")
+    async with ClientSession() as session:
+        blocker = asyncio.create_task(session.post(url, json=chat("blocker")))
+        await until(lambda: fake.active == 1)
+        resp = await session.post(url, json=chat("hurry"), headers={"X-Priority": "fast"})
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == "queue_timeout"
+        assert int(resp.headers["retry-after"]) >= 1
+        assert (await blocker).status == 200
