@@ -60,6 +60,7 @@ class FakeUpstream:
     words: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
     chunk_delay_s: float = 0.0
     hold_s: float = 0.0  # non-streaming: time before answering
+    reply_headers: dict[str, str] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -112,8 +113,8 @@ class FakeUpstream:
             if self.hold_s:
                 await asyncio.sleep(self.hold_s)
             self.completed += 1
-            return web.json_response(completion(model), headers={"set-cookie": "a=b",
-                                                                 "x-upstream-extra": "1"})
+            return web.json_response(completion(model), headers={
+                "set-cookie": "a=b", "x-upstream-extra": "1", **self.reply_headers})
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)

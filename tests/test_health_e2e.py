@@ -1,0 +1,168 @@
+"""Provider health over real sockets: breakers, retry budget, adaptive concurrency, rate
+limits, routing strategies and provider kinds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from proxy.app import build_app
+from proxy.keys import SERVICE
+from proxy.tokens import TokenCounter
+
+from .conftest import config_from
+from .fakes import FakeUpstream
+
+Factory = Callable[..., Awaitable[Any]]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+NO_BREAKER = {"consecutive_failures": 10_000, "min_calls": 10_000}
+
+
+async def proxy_for(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+    fakes: dict[str, FakeUpstream], models: dict[str, Any] | None = None,
+    provider_extra: dict[str, Any] | None = None, **sections: Any,
+) -> TestClient[Any, Any]:
+    providers = []
+    for name, fake in fakes.items():
+        server = await aiohttp_server(fake.app())
+        providers.append({"name": name, "base_url": str(server.make_url("/v1")),
+                          "api_key": "sk", "max_concurrency": 8, **(provider_extra or {})})
+    models = models or {"m": [{"provider": name, "model": "x"} for name in fakes]}
+    config = config_from(providers, models, **sections)
+    client: TestClient[Any, Any] = await aiohttp_client(build_app(config, counter=counter))
+    return client
+
+
+async def test_breaker_opens_then_answers_fast_503_with_retry_after(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    dead = FakeUpstream(default="500")
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"dead": dead},
+        provider_extra={"breaker": {"consecutive_failures": 3, "cooldown_s": 30}},
+        retry={"max_attempts": 1},
+    )
+    for _ in range(3):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 500
+    assert len(dead.seen) == 3
+    started = time.perf_counter()
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert time.perf_counter() - started < 0.1
+    assert resp.status == 503
+    assert (await resp.json())["error"]["code"] == "upstream_unavailable"
+    assert 20 <= int(resp.headers["retry-after"]) <= 40
+    assert len(dead.seen) == 3  # nothing more reached the dead provider
+    metrics = await (await client.get("/metrics")).text()
+    assert 'proxy_breaker_state{deployment="dead/x",provider="dead"} 2.0' in metrics
+
+
+async def test_retries_against_an_always_failing_upstream_stay_within_the_budget(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    dead = FakeUpstream(default="500")
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"dead": dead},
+        provider_extra={"breaker": NO_BREAKER},
+        retry={"max_attempts": 3, "backoff_base_s": 0.001, "backoff_max_s": 0.002},
+    )
+    calls = 100
+    for _ in range(calls):
+        await client.post("/v1/chat/completions", json=CHAT)
+    # 20 % budget, plus the small floor the budget keeps for quiet providers.
+    assert calls < len(dead.seen) <= calls * 1.2 + 3
+
+
+async def test_429_shrinks_the_concurrency_limit_and_success_restores_it(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    other = FakeUpstream()
+    fake.script.extend(["429"])
+    client = await proxy_for(aiohttp_server, aiohttp_client, counter,
+                             {"p": fake, "q": other})
+    service = client.app[SERVICE]
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 200 and resp.headers["x-proxy-upstream"] == "q/x"
+    assert service.providers["p"].concurrency.limit == 4
+    assert service.scheduler.capacity("p") == 4
+    metrics = await (await client.get("/metrics")).text()
+    assert 'proxy_upstream_limit{provider="p"} 4.0' in metrics
+    await asyncio.sleep(1.05)  # successes right after a cut do not count
+    for _ in range(4):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert service.providers["p"].concurrency.limit == 5
+    assert service.scheduler.capacity("p") == 5
+
+
+async def test_routing_strategy_per_tier(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    premium, budget = FakeUpstream(), FakeUpstream()
+    models = {"chat": {"strategy": "cheapest", "tiers": {"critical": "best_quality"},
+                       "candidates": [
+                           {"provider": "premium", "model": "big", "input_cost": 5,
+                            "output_cost": 15, "quality": 0.95},
+                           {"provider": "budget", "model": "small", "input_cost": 0.1,
+                            "output_cost": 0.4, "quality": 0.6}]}}
+    client = await proxy_for(aiohttp_server, aiohttp_client, counter,
+                             {"premium": premium, "budget": budget}, models)
+    body = {**CHAT, "model": "chat"}
+    normal = await client.post("/v1/chat/completions", json=body)
+    assert normal.headers["x-proxy-upstream"] == "budget/small"
+    critical = await client.post("/v1/chat/completions", json=body,
+                                 headers={"X-Priority": "critical"})
+    assert critical.headers["x-proxy-upstream"] == "premium/big"
+    metrics = await (await client.get("/metrics")).text()
+    assert 'proxy_cost_usd_total{key="anonymous",tier="critical"}' in metrics
+
+
+async def test_rpm_limit_holds_calls_back(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"p": fake},
+        provider_extra={"rpm": 2},
+        tiers=[{"name": "only", "max_wait_s": 0.5}],
+    )
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    third = await client.post("/v1/chat/completions", json=CHAT)
+    assert third.status == 503
+    assert (await third.json())["error"]["code"] == "queue_timeout"
+    assert len(fake.seen) == 2
+
+
+async def test_quota_headers_pause_the_provider_until_reset(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(reply_headers={"x-ratelimit-remaining-requests": "0",
+                                       "x-ratelimit-reset-requests": "300ms"})
+    client = await proxy_for(aiohttp_server, aiohttp_client, counter, {"p": fake})
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    second = await client.post("/v1/chat/completions", json=CHAT)
+    assert second.status == 200
+    assert int(second.headers["x-proxy-queue-ms"]) >= 250
+
+
+async def test_azure_kind_sends_api_key_and_api_version(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"az": fake},
+        provider_extra={"kind": "azure", "api_version": "2024-10-21",
+                        "headers": {"x-extra": "1"}},
+    )
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "service_tier": "flex"})
+    assert resp.status == 200
+    seen = fake.seen[0]
+    assert seen.headers["api-key"] == "sk" and "Authorization" not in seen.headers
+    assert seen.query == {"api-version": "2024-10-21"}
+    assert seen.headers["x-extra"] == "1"
+    assert "service_tier" not in seen.body  # only forwarded to providers that accept it
