@@ -27,12 +27,11 @@ class Authenticator:
         token = _bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
         if not token:
             raise InvalidApiKey(
-                "Missing proxy key: send it as 'Authorization: Bearer <key>'.",
-                should_retry=False,
+                "Missing proxy key: send it as 'Authorization: Bearer <key>'."
             )
         principal = self._by_digest.get(hashlib.sha256(token.encode()).hexdigest())
         if principal is None:
-            raise InvalidApiKey("Incorrect proxy key provided.", should_retry=False)
+            raise InvalidApiKey("Incorrect proxy key provided.")
         return principal
 
 

@@ -165,6 +165,7 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
         headroom_horizon_s=node.number(
             "headroom_horizon_s", defaults.headroom_horizon_s, positive=True
         ),
+        quantum_s=node.number("quantum_s", defaults.quantum_s, positive=True),
     )
     node.check_unknown()
     return settings

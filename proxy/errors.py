@@ -30,6 +30,7 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     code = "internal_error"
+    retryable: bool | None = None  # the default of x-should-retry; None sends nothing
 
     def __init__(
         self,
@@ -43,7 +44,7 @@ class ProxyError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
-        self.should_retry = should_retry
+        self.should_retry = self.retryable if should_retry is None else should_retry
 
     def body(self) -> dict[str, object]:
         return {
@@ -68,24 +69,28 @@ class ProxyError(Exception):
 
 class InvalidRequest(ProxyError):
     status = 400
+    retryable = False
     type = "invalid_request_error"
     code = "invalid_request"
 
 
 class InvalidApiKey(ProxyError):
     status = 401
+    retryable = False
     type = "invalid_request_error"
     code = "invalid_api_key"
 
 
 class ModelNotFound(ProxyError):
     status = 404
+    retryable = False
     type = "invalid_request_error"
     code = "model_not_found"
 
 
 class RequestTooLarge(ProxyError):
     status = 413
+    retryable = False
     type = "invalid_request_error"
     code = "request_too_large"
 

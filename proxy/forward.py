@@ -63,8 +63,7 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     route = service.config.models.get(call.model)
     if route is None:
         raise ModelNotFound(
-            f"The model '{call.model}' does not exist on this proxy.", param="model",
-            should_retry=False,
+            f"The model '{call.model}' does not exist on this proxy.", param="model"
         )
     messages = call.body.get("messages")
     exact_chars = service.config.limits.exact_token_chars

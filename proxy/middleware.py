@@ -38,9 +38,9 @@ def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.
 def _from_http(exc: web.HTTPException) -> ProxyError:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return RequestTooLarge(
-            "The request body is too large for this proxy.", should_retry=False
+            "The request body is too large for this proxy."
         )
-    error = InvalidRequest(exc.reason or "bad request", should_retry=False)
+    error = InvalidRequest(exc.reason or "bad request")
     error.status = exc.status
     error.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "invalid_request")
     return error

@@ -233,6 +233,7 @@ async def test_bad_requests_get_openai_shaped_errors(
     error = (await resp.json())["error"]
     assert error["code"] == code and set(error) == {"message", "type", "param", "code"}
     assert resp.headers["x-request-id"]
+    assert resp.headers["x-should-retry"] == "false"  # the SDK must not retry these
 
 
 async def test_proxy_keys_are_required_when_configured(
