@@ -53,7 +53,7 @@ class Seen:
 @dataclass
 class FakeUpstream:
     """Behaviour per call comes from ``script`` (then ``default``):
-    ok | 500 | 429 | 400 | stall | cut | slow."""
+    ok | 500 | 429 | 400 | stall | cut | slow | flood."""
 
     default: str = "ok"
     script: deque[str] = field(default_factory=deque)
@@ -118,6 +118,10 @@ class FakeUpstream:
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
+        if mode == "flood":  # far more than socket buffers hold, as fast as it can
+            padding = "x" * 100_000
+            for _ in range(500):
+                await response.write(sse_events(model, [padding], usage=False)[1])
         events = sse_events(model, self.words, usage)
         for i, event in enumerate(events):
             if mode == "cut" and i == 2:

@@ -190,6 +190,22 @@ async def test_client_disconnect_cancels_upstream_and_frees_the_slot(
     await until(lambda: inflight(client) == 0, timeout=1.0)
 
 
+async def test_a_client_that_stops_reading_is_cut_off_by_the_write_timeout(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream(default="flood")
+    client = await start(aiohttp_server, aiohttp_client, counter, fake,
+                         limits={"write_timeout_s": 0.3})
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert resp.status == 200
+    # Read nothing: the proxy's writes block once the socket buffers are full.
+    await until(lambda: inflight(client) == 0, timeout=5.0)
+    await until(lambda: fake.cancelled == 1, timeout=1.0)
+    metrics = client.app[SERVICE].metrics.render().decode()
+    assert 'proxy_stream_errors_total{provider="p0",reason="client_gone"} 1.0' in metrics
+    resp.close()
+
+
 async def test_150_concurrent_calls_really_run_at_once(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
