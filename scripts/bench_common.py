@@ -1,4 +1,5 @@
-"""Helpers for the benchmark scripts: child processes, /proc readings, closed-loop load.
+"""Helpers for the benchmark scripts: child processes, /proc readings, closed-loop load
+(aiohttp or wrk), a fake OpenAI-compatible upstream and a bare aiohttp pass-through.
 
 Everything stays on 127.0.0.1; every child is stopped on exit, on Ctrl-C and on SIGTERM,
 and dies with its parent if the parent is killed outright.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import math
 import os
 import select
 import shutil
@@ -17,13 +19,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -32,6 +36,8 @@ REQUEST_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 WARMUP_S = 0.5
 PR_SET_PDEATHSIG = 1
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -86,11 +92,13 @@ class Children:
         tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
         raise SystemExit(f"{name}: {why}\n--- last lines of its log ---\n{tail}")
 
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
+    def stop(self, *names: str) -> None:
+        """SIGTERM, then SIGKILL whatever is still there after the grace period."""
+        procs = [self.procs[name] for name in names or self.procs]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+        for proc in procs:
             try:
                 proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
@@ -107,7 +115,7 @@ def children(prefix: str) -> Iterator[Children]:
         try:
             yield kids
         finally:
-            kids.stop_all()
+            kids.stop()
             signal.signal(signal.SIGTERM, previous)
 
 
@@ -124,6 +132,15 @@ def cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     utime, stime = stat.rpartition(")")[2].split()[11:13]
     return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Move every thread of a process onto ``cpus``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            continue  # a thread that just ended
 
 
 def machine() -> str:
@@ -237,20 +254,126 @@ def wrk_path() -> str | None:
 
 
 def wrk_load(load: Load, scratch: Path) -> Sample:
-    """The same measurement with wrk (one thread; whole seconds; no warm-up of its own)."""
+    """The same measurement with wrk (one thread; whole seconds, rounded up; the whole run
+    counts, as wrk has no warm-up)."""
     script = scratch / "wrk_post.lua"
     script.write_text(WRK_SCRIPT.format(
         body=load.body.decode(),
         headers="\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in load.headers.items()),
     ))
-    seconds = max(1, round(load.duration_s))
+    seconds = max(1, math.ceil(load.duration_s))
     result = subprocess.run(
         ["wrk", "-t1", f"-c{load.connections}", f"-d{seconds}s",
          f"--timeout={REQUEST_TIMEOUT_S:.0f}s", "-s", str(script), load.url],
         capture_output=True, text=True, timeout=seconds + REQUEST_TIMEOUT_S + 10,
-        check=True, preexec_fn=die_with_parent,
+        check=False, preexec_fn=die_with_parent,
     )
+    if result.returncode != 0:
+        raise SystemExit(f"wrk failed ({result.returncode}): {result.stderr.strip()}")
     found = json.loads(result.stdout.strip().splitlines()[-1])
     ok = found["requests"] - found["non2xx"]
     return Sample(found["us"] / 1e6, ok, found["non2xx"] + found["socket_errors"],
                   found["p50"] / 1000, found["p99"] / 1000, ok)
+
+
+# --- the fake upstream -------------------------------------------------------------------
+
+def _chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+    event = {
+        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+        "model": "fake-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+USAGE = {"prompt_tokens": 24, "completion_tokens": 5, "total_tokens": 29}
+SSE_EVENTS = (
+    _chunk({"role": "assistant", "content": ""}),
+    *(_chunk({"content": word}) for word in ("Hello ", "there, ", "nice ", "day!")),
+    _chunk({}, "stop"),
+)
+SSE_USAGE = b"data: " + orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+    "model": "fake-model", "choices": [], "usage": USAGE,
+}) + b"\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
+COMPLETION = orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "fake-model",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "Hello there, nice day!"}}],
+    "usage": USAGE,
+})
+
+
+async def fake_completion(request: web.Request) -> web.StreamResponse:
+    """Answers at once; streams add the usage chunk only when asked, as OpenAI does."""
+    body = orjson.loads(await request.read())
+    if not body.get("stream"):
+        return web.Response(body=COMPLETION, content_type="application/json")
+    answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await answer.prepare(request)
+    for event in SSE_EVENTS:
+        await answer.write(event)
+    if (body.get("stream_options") or {}).get("include_usage"):
+        await answer.write(SSE_USAGE)
+    await answer.write(SSE_DONE)
+    await answer.write_eof()
+    return answer
+
+
+def upstream_app() -> web.Application:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake_completion)
+    return app
+
+
+# --- the bare pass-through: one pooled session, no logic ---------------------------------
+
+def bare_app(upstream: str) -> web.Application:
+    """Forwards the body as it is and relays the answer: the floor of any aiohttp proxy."""
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            app[SESSION] = session
+            yield
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        headers = {"content-type": "application/json", "authorization": "Bearer upstream"}
+        async with request.app[SESSION].post(
+            upstream + request.path, data=await request.read(), headers=headers,
+            allow_redirects=False,
+        ) as response:
+            if response.content_type != "text/event-stream":
+                return web.Response(body=await response.read(), status=response.status,
+                                    content_type=response.content_type)
+            answer = web.StreamResponse(status=response.status, headers={
+                "content-type": "text/event-stream", "cache-control": "no-cache",
+            })
+            await answer.prepare(request)
+            async for chunk in response.content.iter_any():
+                await answer.write(chunk)
+            await answer.write_eof()
+            return answer
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/{tail:.*}", relay)
+    return app
+
+
+async def serve_until_signalled(app: web.Application) -> None:
+    """Serves on a free port, announced like the proxy does, until SIGTERM or SIGINT."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, HOST, 0, backlog=1024).start()
+    print(f"listening on http://{HOST}:{runner.addresses[0][1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

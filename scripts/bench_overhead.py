@@ -8,26 +8,26 @@ Three targets, measured in alternation in one run so the machine's noise hits al
   provider pointing at the fake upstream.
 
 Every server and the closed-loop load generator (wrk when installed, else an aiohttp
-client) run in their own processes, on 127.0.0.1 and on uvloop. This file is also the
-fake upstream, the pass-through and the aiohttp load generator (``--role``).
+client) run in their own processes, on 127.0.0.1 and on uvloop; with ``--role`` this script
+is one of those processes (their code is in ``bench_common``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
+import math
+import os
 import statistics
 import sys
 import time
+import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import orjson
-from aiohttp import web
 from bench_common import (
     HOST,
     REQUEST_TIMEOUT_S,
@@ -35,13 +35,17 @@ from bench_common import (
     Children,
     Load,
     Sample,
+    bare_app,
     children,
     cpu_s,
     load_command,
     loop_factory,
     machine,
+    pin,
     rss_mb,
     serve_loads,
+    serve_until_signalled,
+    upstream_app,
     wrk_load,
     wrk_path,
 )
@@ -50,9 +54,6 @@ PROXY_KEY = "bench-key"
 TARGETS = ("upstream", "bare", "proxy")
 MODES = ("json", "stream")
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {PROXY_KEY}"}
-GOALS = "proxy >= 0.8x bare req/s; added p99 <= 2 ms at moderate load; idle RSS < 100 MB"
-
-SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def request_body(stream: bool) -> bytes:
@@ -65,106 +66,6 @@ def request_body(stream: bool) -> bytes:
         "max_tokens": 16,
         "stream": stream,
     })
-
-
-# --- the fake upstream -------------------------------------------------------------------
-
-def _chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
-    event = {
-        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
-        "model": "fake-model",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + orjson.dumps(event) + b"\n\n"
-
-
-USAGE = {"prompt_tokens": 24, "completion_tokens": 5, "total_tokens": 29}
-SSE_EVENTS = (
-    _chunk({"role": "assistant", "content": ""}),
-    *(_chunk({"content": word}) for word in ("Hello ", "there, ", "nice ", "day!")),
-    _chunk({}, "stop"),
-)
-SSE_USAGE = b"data: " + orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
-    "model": "fake-model", "choices": [], "usage": USAGE,
-}) + b"\n\n"
-SSE_DONE = b"data: [DONE]\n\n"
-COMPLETION = orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "fake-model",
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "Hello there, nice day!"}}],
-    "usage": USAGE,
-})
-
-
-async def fake_completion(request: web.Request) -> web.StreamResponse:
-    body = orjson.loads(await request.read())
-    if not body.get("stream"):
-        return web.Response(body=COMPLETION, content_type="application/json")
-    answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
-    await answer.prepare(request)
-    for event in SSE_EVENTS:
-        await answer.write(event)
-    if (body.get("stream_options") or {}).get("include_usage"):
-        await answer.write(SSE_USAGE)
-    await answer.write(SSE_DONE)
-    await answer.write_eof()
-    return answer
-
-
-def upstream_app() -> web.Application:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake_completion)
-    return app
-
-
-# --- the bare pass-through: one pooled session, no logic ---------------------------------
-
-def bare_app(upstream: str) -> web.Application:
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=None)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            app[SESSION] = session
-            yield
-
-    async def relay(request: web.Request) -> web.StreamResponse:
-        headers = {"content-type": "application/json", "authorization": "Bearer upstream"}
-        async with request.app[SESSION].post(
-            upstream + request.path, data=await request.read(), headers=headers,
-            allow_redirects=False,
-        ) as response:
-            if response.content_type != "text/event-stream":
-                return web.Response(body=await response.read(), status=response.status,
-                                    content_type=response.content_type)
-            answer = web.StreamResponse(status=response.status, headers={
-                "content-type": "text/event-stream", "cache-control": "no-cache",
-            })
-            await answer.prepare(request)
-            async for chunk in response.content.iter_any():
-                await answer.write(chunk)
-            await answer.write_eof()
-            return answer
-
-    app = web.Application()
-    app.cleanup_ctx.append(session_ctx)
-    app.router.add_post("/v1/{tail:.*}", relay)
-    return app
-
-
-async def serve_until_signalled(app: web.Application) -> None:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, HOST, 0, backlog=1024).start()
-    print(f"listening on http://{HOST}:{runner.addresses[0][1]}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
 
 
 def run_role(role: str, upstream: str) -> None:
@@ -202,9 +103,12 @@ def smoke_check(name: str, url: str) -> None:
     for stream in (False, True):
         request = urllib.request.Request(url, data=request_body(stream), method="POST",
                                          headers=HEADERS)
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            data = response.read()
-            upstream_header = response.headers.get("x-proxy-upstream")
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                data = response.read()
+                upstream_header = response.headers.get("x-proxy-upstream")
+        except urllib.error.URLError as exc:
+            raise SystemExit(f"{name}: smoke check failed: {exc}") from exc
         expected = b"data: [DONE]" if stream else b'"choices"'
         if expected not in data:
             raise SystemExit(f"{name}: unexpected {'stream' if stream else 'JSON'} reply {data!r}")
@@ -254,9 +158,14 @@ Key = tuple[str, str, int]  # target, mode, connections
 
 
 class Bench:
-    def __init__(self, kids: Children, client: str) -> None:
+    """The three targets, started once, and one measurement at a time against them."""
+
+    def __init__(self, kids: Children, client: str, pinned: bool,
+                 profile: Path | None) -> None:
         self.kids = kids
         self.client = client
+        self.pinned = pinned
+        self.profile = profile
         self.pids: dict[str, int] = {}
         self.urls: dict[str, str] = {}
 
@@ -269,9 +178,13 @@ class Bench:
         self._server("bare", [python, me, "--role", "bare", "--upstream", upstream], path)
         config = self.kids.logs / "bench.yaml"
         config.write_text(proxy_config(upstream))
+        profiler = [] if self.profile is None else [
+            "-m", "pyinstrument", "-r", "html" if self.profile.suffix == ".html" else "text",
+            "-o", str(self.profile),
+        ]
         started = time.perf_counter()
-        self._server("proxy", [python, "-m", "proxy", "serve", "--config", str(config),
-                               "--port", "0", "--log-level", "WARNING"], path)
+        self._server("proxy", [python, *profiler, "-m", "proxy", "serve", "--config",
+                               str(config), "--port", "0", "--log-level", "WARNING"], path)
         memory = {"startup_s": time.perf_counter() - started}
         time.sleep(1.0)  # let start-up garbage settle before reading the idle size
         memory["idle"] = rss_mb(self.pids["proxy"])[0]
@@ -288,8 +201,14 @@ class Bench:
     def run(self, target: str, stream: bool, point: Point) -> Run:
         load = Load(self.urls[target], request_body(stream), HEADERS, point.connections,
                     point.duration_s)
+        if self.pinned:
+            pin(self.pids[target], {0})
         cpu_before = cpu_s(self.pids[target])
-        sample = self._load(load)
+        try:
+            sample = self._load(load)
+        finally:
+            if self.pinned:
+                pin(self.pids[target], {1})
         cpu_us = (cpu_s(self.pids[target]) - cpu_before) / max(sample.completed, 1) * 1e6
         return Run(sample.rps, sample.p50_ms, sample.p99_ms, cpu_us, sample.errors)
 
@@ -304,11 +223,51 @@ class Bench:
         return Sample(**orjson.loads(self.kids.read_line("loadgen", timeout_s)))
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """Proxy against bare pass-through at one mode and load."""
+
+    ratios: list[float]  # proxy req/s over bare req/s, round by round
+    added_p50_ms: float
+    added_p99_ms: float
+    added_cpu_us: float
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def compare(proxy: list[Run], bare: list[Run]) -> Comparison:
+    def added(name: str) -> float:
+        return Summary(proxy).median(name) - Summary(bare).median(name)
+
+    return Comparison([p.rps / b.rps for p, b in zip(proxy, bare, strict=True)],
+                      added("p50_ms"), added("p99_ms"), added("cpu_us"))
+
+
+def goals(points: list[Point], comparisons: dict[tuple[str, int], Comparison],
+          idle_mb: float) -> list[str]:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    full, moderate = points[0].connections, points[-1].connections
+    return [
+        f"goal proxy >= 0.8x bare req/s at {full} conns: " + ", ".join(
+            f"{mode} {comparisons[(mode, full)].ratio:.2f} "
+            f"{verdict(comparisons[(mode, full)].ratio >= 0.8)}" for mode in MODES),
+        f"goal added p99 <= 2 ms at {moderate} conns: " + ", ".join(
+            f"{mode} {comparisons[(mode, moderate)].added_p99_ms:+.2f} ms "
+            f"{verdict(comparisons[(mode, moderate)].added_p99_ms <= 2.0)}" for mode in MODES),
+        f"goal idle RSS < 100 MB: {idle_mb:.1f} MiB {verdict(idle_mb * 1.048576 < 100)}",
+    ]
+
+
 def report(args: argparse.Namespace, client: str, points: list[Point],
            results: dict[Key, list[Run]], memory: dict[str, float]) -> str:
-    summaries = {key: Summary(runs) for key, runs in results.items()}
-    load = ("wrk, 1 thread" if client == "wrk" else "aiohttp client on uvloop") + \
-        ", in its own process"
+    load = ("wrk, 1 thread" if client == "wrk" else "aiohttp client on uvloop") + (
+        "; target pinned alone on CPU 0, the rest on CPU 1" if args.pin
+        else ", in its own process"
+    )
     lines = [
         f"machine: {machine()}",
         f"load: closed loop, {load}; {args.rounds} rounds, targets alternated within each; "
@@ -321,7 +280,7 @@ def report(args: argparse.Namespace, client: str, points: list[Point],
     for mode in MODES:
         for point in points:
             for target in TARGETS:
-                s = summaries[(target, mode, point.connections)]
+                s = Summary(results[(target, mode, point.connections)])
                 lines.append(
                     f"{target:<9}{mode:<7}{point.connections:>5}{s.median('rps'):>8.0f}"
                     f"{s.rps_range:>12}{s.median('p50_ms'):>8.2f}{s.median('p99_ms'):>8.2f}"
@@ -329,25 +288,24 @@ def report(args: argparse.Namespace, client: str, points: list[Point],
                 )
     lines += ["", f"{'proxy vs bare':<14}{'conns':>5}{'req/s ratio':>12}{'rounds':>12}"
                   f"{'+p50 ms':>9}{'+p99 ms':>9}{'+cpu us':>9}"]
+    comparisons: dict[tuple[str, int], Comparison] = {}
     for mode in MODES:
         for point in points:
-            proxy, bare = (results[(t, mode, point.connections)] for t in ("proxy", "bare"))
-            ratios = [p.rps / b.rps for p, b in zip(proxy, bare, strict=True)]
-
-            def added(value: str, proxy: list[Run] = proxy, bare: list[Run] = bare) -> float:
-                return Summary(proxy).median(value) - Summary(bare).median(value)
-
+            c = comparisons[(mode, point.connections)] = compare(
+                results[("proxy", mode, point.connections)],
+                results[("bare", mode, point.connections)],
+            )
             lines.append(
-                f"{mode:<14}{point.connections:>5}{statistics.median(ratios):>12.2f}"
-                f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12}{added('p50_ms'):>+9.2f}"
-                f"{added('p99_ms'):>+9.2f}{added('cpu_us'):>+9.0f}"
+                f"{mode:<14}{point.connections:>5}{c.ratio:>12.2f}"
+                f"{f'{min(c.ratios):.2f}-{max(c.ratios):.2f}':>12}{c.added_p50_ms:>+9.2f}"
+                f"{c.added_p99_ms:>+9.2f}{c.added_cpu_us:>+9.0f}"
             )
     lines += [
         "",
         f"proxy: listening {memory['startup_s']:.1f} s after launch; RSS idle after start-up "
         f"{memory['idle']:.1f} MiB, after the load {memory['after']:.1f} MiB "
         f"(peak {memory['peak']:.1f} MiB)",
-        f"goals: {GOALS}",
+        *goals(points, comparisons, memory["idle"]),
     ]
     return "\n".join(lines)
 
@@ -356,24 +314,35 @@ def benchmark(kids: Children, args: argparse.Namespace) -> str:
     if args.client == "wrk" and not wrk_path():
         raise SystemExit("--client wrk: wrk is not installed (apt-get install wrk)")
     client = "wrk" if args.client != "aiohttp" and wrk_path() else "aiohttp"
-    bench = Bench(kids, client)
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("--pin needs two CPUs")
+        os.sched_setaffinity(0, {1})  # every child inherits CPU 1; the target moves to 0
+    bench = Bench(kids, client, args.pin, args.profile)
+    targets = ("proxy",) if args.profile else TARGETS
     memory = bench.start()
-    points = [Point(args.connections, args.duration)]
+    # wrk only takes whole seconds
+    seconds: Callable[[float], float] = math.ceil if client == "wrk" else float
+    points = [Point(args.connections, seconds(args.duration))]
     if args.moderate != args.connections:
-        points.append(Point(args.moderate, max(1.0, args.duration / 2)))
-    per_round = len(MODES) * len(TARGETS) * sum(p.duration_s + WARMUP_S for p in points)
+        points.append(Point(args.moderate, seconds(max(1.0, args.duration / 2))))
+    warm_up = 0.0 if client == "wrk" else WARMUP_S
+    per_round = len(MODES) * len(targets) * sum(p.duration_s + warm_up for p in points)
     print(f"{client} load, about {per_round * args.rounds:.0f} s ...", file=sys.stderr)
     results: dict[Key, list[Run]] = {}
     for round_no in range(1, args.rounds + 1):
         for mode in MODES:
             for point in points:
-                for target in TARGETS:
+                for target in targets:
                     run = bench.run(target, mode == "stream", point)
                     results.setdefault((target, mode, point.connections), []).append(run)
                     print(f"round {round_no}/{args.rounds} {mode:<6} {point.connections:>3} "
                           f"conns {target:<8} {run.rps:>7.0f} req/s "
                           f"p99 {run.p99_ms:6.2f} ms", file=sys.stderr)
     memory["after"], memory["peak"] = rss_mb(bench.pids["proxy"])
+    if args.profile:
+        kids.stop("proxy")  # pyinstrument writes its report as the proxy exits
+        return f"pyinstrument profile of the proxy under this load: {args.profile}"
     return report(args, client, points, results, memory)
 
 
@@ -391,6 +360,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="concurrent connections at moderate load (default 4)")
     parser.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto",
                         help="load generator (default: wrk if installed, else aiohttp)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the target alone on CPU 0, everything else on CPU 1")
+    parser.add_argument("--profile", type=lambda p: Path(p).resolve(), metavar="FILE",
+                        help="run only the proxy, under pyinstrument, and write its profile "
+                             "to FILE (.html for the HTML view, else text)")
     parser.add_argument("--role", choices=("upstream", "bare", "loadgen"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
