@@ -35,15 +35,15 @@ def account(
 ) -> None:
     prompt_tokens = prompt if isinstance(prompt, int) else plan.prompt_tokens
     metrics = service.metrics
-    metrics.tokens.labels(deployment.provider, "prompt").inc(prompt_tokens)
-    metrics.tokens.labels(deployment.provider, "completion").inc(completion)
-    metrics.cost.labels(plan.key, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
+    metrics.tokens.get(deployment.provider, "prompt").inc(prompt_tokens)
+    metrics.tokens.get(deployment.provider, "completion").inc(completion)
+    metrics.cost.get(plan.key, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
     if plan.output_tokens:
-        metrics.estimate_error.labels("output_tokens").observe(
+        metrics.estimate_error.get("output_tokens").observe(
             abs(relative_error(plan.output_tokens, completion))
         )
     predicted_s = service.latency.expect_service_s(deployment.key, prompt_tokens, completion)
-    metrics.estimate_error.labels("service_seconds").observe(
+    metrics.estimate_error.get("service_seconds").observe(
         abs(relative_error(predicted_s, total_s, floor=0.01))
     )
     service.outputs.observe(plan.key, plan.call.model, completion)

@@ -14,7 +14,7 @@ from .clock import Clock, SystemClock
 from .config import Config, Provider
 from .dashboard import DASHBOARD_HTML
 from .keys import LIFECYCLE, SERVICE, Lifecycle
-from .middleware import errors_middleware
+from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .service import Service
 from .simulated import SimulatedUpstream
 from .tokens import TokenCounter
@@ -46,6 +46,7 @@ def build_app(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes
     )
     app[LIFECYCLE] = Lifecycle()
+    app[REQUEST_IDS] = RequestIds()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)

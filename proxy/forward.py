@@ -105,7 +105,7 @@ async def _attempts(
     while attempt < retry.max_attempts and requeued <= MAX_REQUEUES:
         now = service.clock.now()
         usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
-                      service.deployment_stats(now), service.rng)
+                      service.deployment_stats(plan.route.candidates, now), service.rng)
         fresh = [d for d in usable if d.key not in plan.tried]
         if not fresh and attempt and usable:
             # Only the deployments already tried are left: back off before trying again.
@@ -158,9 +158,10 @@ async def _one_attempt(
     estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
                                                 plan.output_tokens)
     ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate)
-    async with service.admission.slot(ticket) as provider_name:
+    provider_name = await service.admission.acquire(ticket)
+    try:
         plan.queue_s += ticket.dispatched_at - ticket.arrived
-        service.metrics.queue_wait.labels(plan.tier_name).observe(
+        service.metrics.queue_wait.get(plan.tier_name).observe(
             ticket.dispatched_at - ticket.arrived
         )
         deployment = next(d for d in ranked if d.provider == provider_name)
@@ -188,6 +189,8 @@ async def _one_attempt(
             outcome, verdict = result if result is not None else (None, "abandon")
             retry_after = outcome.retry_after_s if isinstance(outcome, Failure) else None
             _record_verdict(service, provider, deployment, verdict, retry_after, started)
+    finally:
+        service.admission.release(provider_name, service.clock.now() - ticket.dispatched_at)
 
 
 def _record_verdict(
@@ -196,7 +199,7 @@ def _record_verdict(
 ) -> None:
     now = service.clock.now()
     breaker = service.breakers[deployment.key]
-    service.metrics.attempts.labels(deployment.provider, verdict).inc()
+    service.metrics.attempts.get(deployment.provider, verdict).inc()
     if verdict == "success":
         breaker.on_success(now, started)
         limit = provider.concurrency.limit

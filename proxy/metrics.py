@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Family(Generic[M]):
+    """A labelled metric whose children are looked up once. Label values come from the
+    config and from small fixed sets (statuses, codes), so the cache stays small."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def get(self, *labels: str) -> M:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self.metric.labels(*labels)
+        return child
+
 
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 ERROR_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8)
@@ -12,56 +32,56 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
+        self.requests = Family(Counter(
             "proxy_requests", "Calls answered, by tier and HTTP status.",
             ["tier", "status"], registry=r,
-        )
-        self.queue_wait = Histogram(
+        ))
+        self.queue_wait = Family(Histogram(
             "proxy_queue_wait_seconds", "Time calls waited for an upstream slot.",
             ["tier"], buckets=WAIT_BUCKETS, registry=r,
-        )
-        self.queue_depth = Gauge(
+        ))
+        self.queue_depth = Family(Gauge(
             "proxy_queue_depth", "Calls waiting, by tier.", ["tier"], registry=r,
-        )
-        self.rejections = Counter(
+        ))
+        self.rejections = Family(Counter(
             "proxy_rejections", "Calls refused by the scheduler, by tier and reason.",
             ["tier", "code"], registry=r,
-        )
-        self.inflight = Gauge(
+        ))
+        self.inflight = Family(Gauge(
             "proxy_upstream_inflight", "Calls in flight, by provider.", ["provider"], registry=r,
-        )
-        self.limit = Gauge(
+        ))
+        self.limit = Family(Gauge(
             "proxy_upstream_limit", "Effective concurrency limit, by provider.",
             ["provider"], registry=r,
-        )
-        self.attempts = Counter(
+        ))
+        self.attempts = Family(Counter(
             "proxy_upstream_attempts", "Upstream attempts, by provider and outcome.",
             ["provider", "outcome"], registry=r,
-        )
-        self.breaker_state = Gauge(
+        ))
+        self.breaker_state = Family(Gauge(
             "proxy_breaker_state", "Breaker state by deployment (0 closed, 1 half-open, 2 open).",
             ["provider", "deployment"], registry=r,
-        )
-        self.breaker_transitions = Counter(
+        ))
+        self.breaker_transitions = Family(Counter(
             "proxy_breaker_transitions", "Breaker transitions, by deployment and new state.",
             ["deployment", "state"], registry=r,
-        )
-        self.tokens = Counter(
+        ))
+        self.tokens = Family(Counter(
             "proxy_tokens", "Tokens, by provider and kind (prompt, completion).",
             ["provider", "kind"], registry=r,
-        )
-        self.cost = Counter(
+        ))
+        self.cost = Family(Counter(
             "proxy_cost_usd", "Estimated spend in dollars, by key and tier.",
             ["key", "tier"], registry=r,
-        )
-        self.estimate_error = Histogram(
+        ))
+        self.estimate_error = Family(Histogram(
             "proxy_estimate_relative_error", "|predicted - actual| / actual, by quantity.",
             ["quantity"], buckets=ERROR_BUCKETS, registry=r,
-        )
-        self.stream_errors = Counter(
+        ))
+        self.stream_errors = Family(Counter(
             "proxy_stream_errors", "Streams ended with an error event after the first byte.",
             ["provider", "reason"], registry=r,
-        )
+        ))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import secrets
@@ -19,9 +20,26 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _PROXIED = ("/v1/chat/completions", "/v1/embeddings")
 
 
+class RequestIds:
+    """Unique ids without a system call per request: a random prefix per process, then a
+    counter."""
+
+    def __init__(self) -> None:
+        self._prefix = "req_" + secrets.token_hex(8)
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):08x}"
+
+
+REQUEST_IDS = web.AppKey("request_ids", RequestIds)
+
+
 def _request_id(request: web.Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if _REQUEST_ID.fullmatch(given) else "req_" + secrets.token_hex(12)
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return request.app[REQUEST_IDS].next()
 
 
 def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.Response:
@@ -64,7 +82,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except ProxyError as exc:
         status = exc.status
         if proxied and TIER in request and exc.status == 503:
-            request.app[SERVICE].metrics.rejections.labels(request[TIER], exc.code).inc()
+            request.app[SERVICE].metrics.rejections.get(request[TIER], exc.code).inc()
         return error_response(exc, request_id, request.get(TIER))
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -79,6 +97,6 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(error, request_id, request.get(TIER))
     finally:
         if proxied:
-            request.app[SERVICE].metrics.requests.labels(
+            request.app[SERVICE].metrics.requests.get(
                 request.get(TIER, "none"), str(status)
             ).inc()

@@ -154,13 +154,13 @@ async def relay(
         await answer.write_eof()
     except UpstreamError as exc:
         verdict = "failure"
-        service.metrics.stream_errors.labels(deployment.provider, exc.code).inc()
+        service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
         with contextlib.suppress(_ClientGone):
             await _write(answer, error_event(f"upstream stream failed: {exc.message}", exc.code),
                          timeout_s)
     except _ClientGone:
         verdict = "abandon"
-        service.metrics.stream_errors.labels(deployment.provider, "client_gone").inc()
+        service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
     finally:
         response.close()
     usage = tally.usage or {}

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import random
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .admission import Admission
@@ -18,7 +18,7 @@ from .estimate import LatencyModel, OutputEstimator
 from .limits import AdaptiveConcurrency, ProviderLimits
 from .metrics import Metrics
 from .retry import RetryBudget
-from .route import DeploymentStats
+from .route import Deployment, DeploymentStats
 from .scheduler import Scheduler
 from .schedules import Schedule, active, next_change
 from .tokens import TokenCounter
@@ -78,31 +78,34 @@ class Service:
         self.outputs = OutputEstimator()
         self.latency = LatencyModel()
         for name, provider in config.providers.items():
-            self.metrics.limit.labels(name).set(provider.max_concurrency)
+            self.metrics.limit.get(name).set(provider.max_concurrency)
         for index, tier in enumerate(config.tiers):
-            self.metrics.queue_depth.labels(tier.name).set_function(
+            self.metrics.queue_depth.get(tier.name).set_function(
                 functools.partial(self.scheduler.depth, index)
             )
         for name in config.providers:
-            self.metrics.inflight.labels(name).set_function(
+            self.metrics.inflight.get(name).set_function(
                 functools.partial(self.scheduler.inflight, name)
             )
 
     def _breaker(self, provider: str, key: str) -> Breaker:
-        gauge = self.metrics.breaker_state.labels(provider, key)
+        gauge = self.metrics.breaker_state.get(provider, key)
         transitions = self.metrics.breaker_transitions
 
         def on_transition(old: State, new: State) -> None:
             gauge.set(BREAKER_GAUGE[new])
-            transitions.labels(key, new.value).inc()
+            transitions.get(key, new.value).inc()
 
         gauge.set(0)
         return Breaker(self.config.providers[provider].breaker, self.rng, on_transition)
 
-    def deployment_stats(self, now: float) -> dict[str, DeploymentStats]:
+    def deployment_stats(
+        self, deployments: Iterable[Deployment], now: float
+    ) -> dict[str, DeploymentStats]:
         stats: dict[str, DeploymentStats] = {}
-        for key, breaker in self.breakers.items():
-            provider = key.split("/", 1)[0]
+        for deployment in deployments:
+            key, provider = deployment.key, deployment.provider
+            breaker = self.breakers[key]
             stats[key] = DeploymentStats(
                 available=breaker.available(now),
                 inflight=self.scheduler.inflight(provider),
@@ -113,7 +116,7 @@ class Service:
         return stats
 
     def set_limit(self, provider: str, limit: int) -> None:
-        self.metrics.limit.labels(provider).set(limit)
+        self.metrics.limit.get(provider).set(limit)
         self.admission.set_capacity(provider, limit)
 
     def pause(self, provider: str, seconds: float) -> None:

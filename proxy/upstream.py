@@ -74,6 +74,7 @@ class HttpUpstream:
         self._base_url = base_url.rstrip("/")
         self._auth_headers = dict(auth_headers)
         self._query = dict(query or {})
+        self._client_timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
 
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
         headers = {**request.headers, **self._auth_headers, "content-type": "application/json"}
@@ -87,7 +88,7 @@ class HttpUpstream:
                     headers=headers,
                     params=self._query or None,
                     allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+                    timeout=self._client_timeout(timeouts),
                 )
         except aiohttp.ServerTimeoutError as exc:  # connect timed out
             raise UpstreamConnectError(f"connect timed out: {exc}") from exc
@@ -98,6 +99,13 @@ class HttpUpstream:
         except aiohttp.ClientError as exc:
             raise UpstreamBadResponse(f"bad response: {exc}") from exc
         return HttpResponse(response, timeouts, deadline)
+
+    def _client_timeout(self, timeouts: Timeouts) -> aiohttp.ClientTimeout:
+        client_timeout = self._client_timeouts.get(timeouts)
+        if client_timeout is None:
+            client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+            self._client_timeouts[timeouts] = client_timeout
+        return client_timeout
 
     async def close(self) -> None:
         return None
