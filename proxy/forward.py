@@ -270,8 +270,12 @@ def _observe_quota(
     response: UpstreamResponse,
 ) -> None:
     """Pause a provider that reports its quota spent, before it starts answering 429."""
+    headers = response.headers
+    if ("x-ratelimit-remaining-requests" not in headers
+            and "x-ratelimit-remaining-tokens" not in headers):
+        return
     now = service.clock.now()
-    provider.limits.observe_headers(response.headers, now)
+    provider.limits.observe_headers(headers, now)
     until = provider.limits.paused_until(now)
     if until > now:
         service.pause(deployment.provider, until - now)
