@@ -14,6 +14,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     │   ├── QueueFull             queue_full
     │   ├── Evicted               evicted
     │   ├── QueueTimeout          queue_timeout
+    │   ├── Shed                  shed (expected wait past the model's degrade.shed_wait_s)
     │   └── UpstreamUnavailable   upstream_unavailable
     └── UpstreamError         502 / 504, raised when every attempt failed
         ├── UpstreamConnectError  502 upstream_connect_error
@@ -117,6 +118,10 @@ class Evicted(Overloaded):
 
 class QueueTimeout(Overloaded):
     code = "queue_timeout"
+
+
+class Shed(Overloaded):
+    code = "shed"
 
 
 class UpstreamUnavailable(Overloaded):

@@ -20,6 +20,7 @@ from .classify import RequestFacts, classify
 from .errors import (
     ModelNotFound,
     ProxyError,
+    Shed,
     UpstreamError,
     UpstreamUnavailable,
 )
@@ -28,7 +29,7 @@ from .plan import Plan
 from .relay import HOP_BY_HOP, answer_headers, relay
 from .request import Call, parse_call
 from .retry import backoff_s, parse_retry_after
-from .route import Deployment, rank
+from .route import Deployment, degrade, rank
 from .scheduler import Ticket
 from .service import ProviderRuntime, Service
 from .upstream import UpstreamRequest, UpstreamResponse
@@ -116,6 +117,8 @@ async def _attempts(
             fresh = usable
         if not fresh:
             break
+        if plan.route.degradation is not None:
+            fresh = _degrade(service, plan, fresh)
         outcome = await _one_attempt(service, request, path, plan, fresh)
         if outcome is Skip.RATE_LIMITED:
             requeued += 1
@@ -129,6 +132,22 @@ async def _attempts(
     if last is not None:
         return _final_failure(last, plan)
     raise _unavailable(service, plan)
+
+
+def _degrade(service: Service, plan: Plan, ranked: list[Deployment]) -> list[Deployment]:
+    """Apply the model's degradation policy: wait, move to a backup, or shed now."""
+    waits = {
+        d.key: service.expected_wait_s(d, plan.tier, service.latency.expect_service_s(
+            d.key, plan.prompt_tokens, plan.output_tokens))
+        for d in ranked
+    }
+    decision = degrade(plan.route, plan.tier_name, ranked, waits)
+    if decision.action == "shed":
+        raise Shed(
+            f"The '{plan.tier_name}' tier is shed: the expected wait is too long.",
+            retry_after=decision.retry_after_s,
+        )
+    return list(decision.deployments)
 
 
 def _unavailable(service: Service, plan: Plan) -> UpstreamUnavailable:

@@ -115,6 +115,17 @@ class Service:
             )
         return stats
 
+    def expected_wait_s(self, deployment: Deployment, tier: int, service_s: float) -> float:
+        """A rough queue wait for a new call of ``tier`` on ``deployment``'s provider: the
+        calls queued at that tier or more urgent ones, each about ``service_s`` long, shared
+        by the provider's slots."""
+        provider = deployment.provider
+        capacity = max(self.scheduler.capacity(provider), 1)
+        ahead = sum(self.scheduler.depth(t) for t in range(tier + 1))
+        if not ahead and self.scheduler.inflight(provider) < capacity:
+            return 0.0
+        return (ahead + 1) * service_s / capacity
+
     def set_limit(self, provider: str, limit: int) -> None:
         self.metrics.limit.get(provider).set(limit)
         self.admission.set_capacity(provider, limit)

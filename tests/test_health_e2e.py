@@ -166,3 +166,32 @@ async def test_azure_kind_sends_api_key_and_api_version(
     assert seen.query == {"api-version": "2024-10-21"}
     assert seen.headers["x-extra"] == "1"
     assert "service_tier" not in seen.body  # only forwarded to providers that accept it
+
+
+async def test_degradation_moves_to_the_backup_then_sheds(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    premium, budget = FakeUpstream(hold_s=1.0), FakeUpstream(hold_s=1.0)
+    models = {"m": {"candidates": [{"provider": "premium", "model": "big"},
+                                   {"provider": "budget", "model": "small"}],
+                    "degrade": {"max_wait_s": 0.05, "allow": ["budget/small"],
+                                "shed_wait_s": 0.01}}}
+    client = await proxy_for(aiohttp_server, aiohttp_client, counter,
+                             {"premium": premium, "budget": budget}, models,
+                             provider_extra={"max_concurrency": 1})
+    first = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    await until(lambda: premium.active == 1)
+    second = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    await until(lambda: budget.active == 1)
+    third = await client.post("/v1/chat/completions", json=CHAT)
+    assert third.status == 503
+    assert (await third.json())["error"]["code"] == "shed"
+    assert int(third.headers["retry-after"]) >= 1
+    assert (await first).headers["x-proxy-upstream"] == "premium/big"
+    assert (await second).headers["x-proxy-upstream"] == "budget/small"
+
+
+async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
