@@ -58,9 +58,12 @@ class Admission:
             self._abandon(ticket, future)
             raise
 
-    def release(self, provider: str, service_s: float | None = None) -> None:
-        """Give a slot back (exactly once per successful ``acquire``)."""
-        self._settle(self.scheduler.release(provider, self._clock.now(), service_s), ())
+    def release(self, provider: str, service_s: float | None = None,
+                ticket: Ticket | None = None) -> None:
+        """Give a slot back (exactly once per successful ``acquire``); pass the ticket
+        when at hand, see ``Scheduler.release``."""
+        now = self._clock.now()
+        self._settle(self.scheduler.release(provider, now, service_s, ticket), ())
 
     @contextlib.asynccontextmanager
     async def slot(self, ticket: Ticket) -> AsyncIterator[str]:
@@ -69,7 +72,7 @@ class Admission:
         try:
             yield provider
         finally:
-            self.release(provider, self._clock.now() - ticket.dispatched_at)
+            self.release(provider, self._clock.now() - ticket.dispatched_at, ticket)
 
     def set_capacity(self, provider: str, limit: int) -> None:
         self._settle(self.scheduler.set_capacity(provider, limit, self._clock.now()), ())
@@ -99,7 +102,7 @@ class Admission:
             self.scheduler.cancel(ticket, self._clock.now())
             self._rearm()
         elif future.done() and not future.cancelled() and future.exception() is None:
-            self.release(future.result())
+            self.release(future.result(), None, ticket)
 
     def _settle(self, dispatches: Iterable[Dispatch], rejections: Iterable[Rejection]) -> None:
         """Resolve the waiters the scheduler decided on; a slot granted to a waiter that is
@@ -115,7 +118,8 @@ class Admission:
             if future is not None and not future.done():
                 future.set_result(dispatch.provider)
             elif future is not None:
-                pending += self.scheduler.release(dispatch.provider, self._clock.now())
+                pending += self.scheduler.release(dispatch.provider, self._clock.now(), None,
+                                                  dispatch.ticket)
         self._rearm()
 
     def _rearm(self) -> None:

@@ -1,22 +1,31 @@
-"""Headroom: slots per provider that less urgent tiers may not take from more urgent ones.
+"""Headroom: free slots per provider that less urgent tiers must leave to more urgent ones.
 
 Calls cannot be preempted, so a short urgent call that arrives when every slot holds a long
-job waits for the next one to finish. Holding back a few free slots avoids that, and the
-right number follows the urgent tiers' recent offered load: an EWMA of arrivals x estimated
-service seconds is the number of slots they keep busy. A tier that has not seen an arrival
-for a whole horizon holds nothing, so the reservation costs nothing when no urgent work
-flows. A fixed per-tier reserve replaces the adaptive value for that tier.
+job waits for the next one to finish. Keeping a few slots free avoids that.
+
+- Adaptive (the default): the urgent tiers' recent offered load, an EWMA of arrivals x
+  estimated service seconds, is the number of slots they keep busy; times ``scale`` it is
+  what they should be able to hold. Slots they already run on count towards it, so only the
+  rest is kept free. A tier that has been quiet for a few of its usual gaps between
+  arrivals (at most a horizon) holds nothing: with no urgent work flowing, and as soon as
+  a burst is over, the reservation costs nothing.
+- Fixed: a tier's ``reserve`` is a plain count of free slots, replacing its adaptive value.
+
+What is held against a tier is the largest hold of any more urgent tier, and never every
+slot of a provider: each tier can always use one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 # Loads this far under a whole slot round down, so a trickle of urgent calls reserves nothing.
 _ROUND_DOWN = 0.05
 # Wake-ups are placed this much past the computed lapse so rounding cannot wake us early.
 _LAPSE_MARGIN_S = 1e-6
+# A tier is quiet after this many of its mean gaps between arrivals without one.
+_QUIET_GAPS = 4.0
 
 
 class Headroom:
@@ -25,64 +34,89 @@ class Headroom:
         self._scale = scale
         self._horizon = horizon_s
         self._load: dict[str, list[float]] = {}
+        self._rate: dict[str, list[float]] = {}
         self._stamp: dict[str, list[float]] = {}
+        self._quiet: dict[str, list[float]] = {}
 
     def record(self, provider: str, tier: int, service_s: float, now: float) -> None:
         """A call of ``tier`` that will most likely run on ``provider`` arrived."""
-        load = self._load.setdefault(provider, [0.0] * self._tiers)
-        stamp = self._stamp.setdefault(provider, [-math.inf] * self._tiers)
-        load[tier] = self._decayed(load[tier], stamp[tier], now) + service_s / self._horizon
+        if provider not in self._load:
+            self._load[provider] = [0.0] * self._tiers
+            self._rate[provider] = [0.0] * self._tiers
+            self._stamp[provider] = [-math.inf] * self._tiers
+            self._quiet[provider] = [-math.inf] * self._tiers
+        load, rate = self._load[provider], self._rate[provider]
+        stamp, quiet = self._stamp[provider], self._quiet[provider]
+        load[tier] = self._decayed(load[tier], stamp[tier], quiet[tier], now)
+        rate[tier] = self._decayed(rate[tier], stamp[tier], quiet[tier], now)
+        load[tier] += service_s / self._horizon
+        rate[tier] += 1.0 / self._horizon
         stamp[tier] = now
+        quiet[tier] = now + min(self._horizon, _QUIET_GAPS / rate[tier])
 
     def offered(self, provider: str, tier: int, now: float) -> float:
         """Recent offered load of ``tier`` on ``provider``, in busy slots."""
         load = self._load.get(provider)
         if load is None:
             return 0.0
-        return self._decayed(load[tier], self._stamp[provider][tier], now)
+        return self._decayed(load[tier], self._stamp[provider][tier],
+                             self._quiet[provider][tier], now)
 
     def held(self, provider: str, now: float, fixed: Sequence[int | None],
-             capacity: int) -> list[int]:
-        """Per tier, how many free slots of ``provider`` that tier must leave alone."""
+             running: Sequence[int], capacity: int) -> list[int]:
+        """Per tier, how many free slots of ``provider`` that tier must leave alone;
+        ``running`` counts the provider's calls in flight per tier."""
+        return list(self.iter_held(provider, now, fixed, running, capacity))
+
+    def iter_held(self, provider: str, now: float, fixed: Sequence[int | None],
+                  running: Sequence[int], capacity: int) -> Iterator[int]:
+        """``held`` one tier at a time, most urgent first, so a caller can stop early."""
         ceiling = max(capacity - 1, 0)
-        out = [0] * self._tiers
+        loads = self._load.get(provider)
         load = 0.0
+        busy = 0
         held = 0
         for tier in range(self._tiers):
-            out[tier] = min(held, ceiling)
-            load += self.offered(provider, tier, now)
-            held = max(held, self._hold(fixed[tier], load))
-        return out
+            yield min(held, ceiling)
+            if loads is not None:
+                stamp, quiet = self._stamp[provider][tier], self._quiet[provider][tier]
+                load += self._decayed(loads[tier], stamp, quiet, now)
+            busy += running[tier]
+            held = max(held, self._hold(fixed[tier], load, busy))
 
     def lapse_time(self, provider: str, tier: int, target: int, now: float,
-                   fixed: Sequence[int | None], capacity: int) -> float | None:
+                   fixed: Sequence[int | None], running: Sequence[int],
+                   capacity: int) -> float | None:
         """A time no later than when the slots held against ``tier`` fall to ``target`` or
-        fewer (None: never, a fixed reserve holds them). Earlier is fine: the caller asks
-        again then."""
+        fewer, if nothing else changes (None: never, a fixed reserve holds them). Earlier is
+        fine: the caller asks again then."""
         if max(capacity - 1, 0) <= target:
             return now
         latest = now
         load = 0.0
+        busy = 0
         cutoff = math.inf
         for j in range(tier):
             own = self.offered(provider, j, now)
             load += own
+            busy += running[j]
             if own > 0:
-                cutoff = min(cutoff, self._stamp[provider][j] + self._horizon)
-            if self._hold(fixed[j], load) <= target:
+                cutoff = min(cutoff, self._quiet[provider][j])
+            if self._hold(fixed[j], load, busy) <= target:
                 continue
             if fixed[j] is not None:
                 return None
-            decay = self._horizon * math.log(self._scale * load / (target + _ROUND_DOWN))
+            enough = (target + busy + _ROUND_DOWN) / self._scale
+            decay = self._horizon * math.log(load / enough)
             latest = max(latest, min(now + decay + _LAPSE_MARGIN_S, cutoff))
         return latest
 
-    def _hold(self, fixed: int | None, load: float) -> int:
+    def _hold(self, fixed: int | None, load: float, busy: int) -> int:
         if fixed is not None:
             return fixed
-        return max(0, math.ceil(self._scale * load - _ROUND_DOWN))
+        return max(0, math.ceil(self._scale * load - _ROUND_DOWN) - busy)
 
-    def _decayed(self, value: float, stamp: float, now: float) -> float:
-        if now >= stamp + self._horizon:  # the very expression lapse_time wakes up at
+    def _decayed(self, value: float, stamp: float, quiet: float, now: float) -> float:
+        if now >= quiet:  # lapse_time wakes up at exactly this instant
             return 0.0
         return value * math.exp(-(now - stamp) / self._horizon)

@@ -67,6 +67,7 @@ class Scheduler:
         self._reserves: list[int | None] = [t.reserve for t in settings.tiers]
         self._capacity: dict[str, int] = {}
         self._inflight: dict[str, int] = {}
+        self._running: dict[str, list[int]] = {}
         self._available: dict[str, bool] = {}
         self._mean_service: dict[str, float] = {}
         for provider, limit in capacities.items():
@@ -106,12 +107,20 @@ class Scheduler:
             return SubmitResult(own, (), others)
         return SubmitResult(None, self._enforce_bounds(ticket), others)
 
-    def release(self, provider: str, now: float, service_s: float | None = None) -> list[Dispatch]:
+    def release(self, provider: str, now: float, service_s: float | None = None,
+                ticket: Ticket | None = None) -> list[Dispatch]:
         """A slot on ``provider`` came back; ``service_s`` (how long the call held it) feeds
-        the provider's mean service time shown in ``snapshot``."""
+        the provider's mean service time shown in ``snapshot``. Pass the ``ticket`` that held
+        it so the headroom counts each tier's running calls exactly; without it the least
+        urgent tier running there is assumed."""
         if self._inflight.get(provider, 0) <= 0:
             raise ValueError(f"release of {provider!r} without a slot held")
         self._inflight[provider] -= 1
+        running = self._running[provider]
+        tier = ticket.current_tier if ticket is not None else -1
+        if not 0 <= tier < len(running) or running[tier] == 0:
+            tier = max(i for i, n in enumerate(running) if n)
+        running[tier] -= 1
         if service_s is not None:
             old = self._mean_service.get(provider, service_s)
             self._mean_service[provider] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
@@ -154,9 +163,9 @@ class Scheduler:
             for tier in range(len(self._tiers)):
                 if self._queues.count(provider, tier) == 0:
                     continue
-                soonest = min(soonest, self._queues.next_tier_promotion())
-                lapse = self._headroom.lapse_time(provider, tier, free - 1, now,
-                                                  self._reserves, capacity)
+                soonest = min(soonest, self._queues.next_tier_promotion(tier))
+                lapse = self._headroom.lapse_time(provider, tier, free - 1, now, self._reserves,
+                                                  self._running[provider], capacity)
                 if lapse is not None:
                     soonest = min(soonest, lapse)
         return soonest if math.isfinite(soonest) else None
@@ -180,14 +189,15 @@ class Scheduler:
                    now: float) -> list[Dispatch]:
         """Override tier weights and fixed reserves (time-of-day schedules); None restores
         the configured values. Tiers missing from a mapping keep their configured value."""
-        self._weights = [
-            (weights or {}).get(i, spec.weight) for i, spec in enumerate(self._tiers)
-        ]
-        if any(not w > 0 for w in self._weights):
-            raise ValueError("weights must be positive")
-        self._reserves = [
+        new_weights = [(weights or {}).get(i, spec.weight) for i, spec in enumerate(self._tiers)]
+        new_reserves = [
             (reserves or {}).get(i, spec.reserve) for i, spec in enumerate(self._tiers)
         ]
+        if any(not w > 0 for w in new_weights):
+            raise ValueError("weights must be positive")
+        if any(r is not None and r < 0 for r in new_reserves):
+            raise ValueError("reserves must not be negative")
+        self._weights, self._reserves = new_weights, new_reserves
         dispatches: list[Dispatch] = []
         for provider in self._capacity:
             dispatches += self._fill(provider, now)
@@ -224,6 +234,7 @@ class Scheduler:
                 "limit": capacity,
                 "available": self._available[name],
                 "held_back": self._held(name, now),
+                "running_by_tier": list(self._running[name]),
                 "mean_service_s": self._mean_service.get(name),
             }
             for name, capacity in self._capacity.items()
@@ -245,6 +256,7 @@ class Scheduler:
             ticket.dispatched_at = now
             ticket.provider = provider
             self._inflight[provider] += 1
+            self._running[provider][tier] += 1
             self._virtual[tier] += ticket.est_service_s / self._weights[tier]
             out.append(Dispatch(ticket, provider))
         return out
@@ -255,13 +267,16 @@ class Scheduler:
 
     def _choose(self, provider: str, now: float) -> Ticket | None:
         free = self._capacity[provider] - self._inflight[provider]
-        held = self._held(provider, now)
-        floor = self._sync_floor()
+        held = self._headroom.iter_held(provider, now, self._reserves, self._running[provider],
+                                        self._capacity[provider])
+        credit_line = self._sync_floor() + self._settings.quantum_s
         chosen: int | None = None
-        for tier in range(len(self._tiers)):
-            if free <= held[tier] or self._queues.count(provider, tier) == 0:
+        for tier, held_back in enumerate(held):
+            if free <= held_back:
+                break  # what is held against a tier is held against every tier below it
+            if self._queues.count(provider, tier) == 0:
                 continue
-            if self._virtual[tier] < floor + self._settings.quantum_s:
+            if self._virtual[tier] < credit_line:
                 chosen = tier
                 break
             if chosen is None or self._virtual[tier] < self._virtual[chosen]:
@@ -272,17 +287,21 @@ class Scheduler:
         """Virtual time of the most under-served waiting tier; a tier that starts waiting
         again is brought up to it, so idling banks no credit."""
         depth = self._queues.depth
+        lowest = math.inf
         for tier, active in enumerate(self._active):
-            if depth[tier] and not active:
+            waiting = depth[tier] > 0
+            if waiting and not active:
                 self._virtual[tier] = max(self._virtual[tier], self._floor)
-            self._active[tier] = depth[tier] > 0
-        waiting = [v for v, d in zip(self._virtual, depth, strict=True) if d]
-        if waiting:
-            self._floor = max(self._floor, min(waiting))
+            self._active[tier] = waiting
+            if waiting and self._virtual[tier] < lowest:
+                lowest = self._virtual[tier]
+        if lowest != math.inf:
+            self._floor = max(self._floor, lowest)
         return self._floor
 
     def _held(self, provider: str, now: float) -> list[int]:
-        return self._headroom.held(provider, now, self._reserves, self._capacity[provider])
+        return self._headroom.held(provider, now, self._reserves, self._running[provider],
+                                   self._capacity[provider])
 
     def _enforce_bounds(self, ticket: Ticket) -> tuple[Rejection, ...]:
         tier = ticket.current_tier
@@ -326,4 +345,5 @@ class Scheduler:
     def _add_provider(self, provider: str, limit: int) -> None:
         self._capacity[provider] = limit
         self._inflight[provider] = 0
+        self._running[provider] = [0] * len(self._tiers)
         self._available[provider] = True

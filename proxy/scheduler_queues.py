@@ -1,10 +1,13 @@
 """Where waiting tickets live: FIFO lanes per (tier, level, candidate set), with lazy removal.
 
-Every structure is a deque whose head is its oldest entry, so aging, expiry and promotion
-only ever look at heads. A ticket that leaves (dispatched, cancelled, rejected) or moves
-(level or tier promotion) is not searched for; its old entries become stale and are
-skipped when they reach a head. When stale entries outnumber live ones, everything is
-rebuilt once, which keeps memory bounded and the cost amortised O(1).
+Every structure is a deque appended in time order, so aging, expiry and promotion only
+ever look at heads. A ticket that leaves (dispatched, cancelled, rejected) or moves (level
+or tier promotion) is not searched for; its old entries become stale and are skipped when
+they reach a head. When stale entries outnumber live ones, everything is rebuilt once,
+which keeps memory bounded and the cost amortised O(1). A ticket that moves is stamped
+with the time its move fell due, not the time it was noticed, so a wait is never counted
+twice; that can leave it a little out of order in its new aging deque, which delays its
+next move by at most the gap between two looks.
 
 Each queued ticket has one entry in a lane (tier, level, candidate set), one in an aging
 deque (tier, level) when its level can still be promoted, and one in an arrival deque of
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from .scheduler_types import Ticket, TicketState
 
 Lane = deque[Ticket]
-# Rebuild once stale entries exceed this many plus twice the live ones.
+# Rebuild once the entries (at most three live ones per ticket) exceed twice that plus this.
 _COMPACT_SLACK = 4096
 
 
@@ -47,6 +50,7 @@ class TicketQueues:
         self._next_order = 0
         self._next_seq = 0
         self._next_aging = math.inf
+        self._next_tier_promotion = math.inf
 
     @property
     def queued(self) -> int:
@@ -62,6 +66,10 @@ class TicketQueues:
         ticket.order = self._next_order
         self._next_order += 1
         self._native[ticket.current_tier].append(ticket)
+        self._next_tier_promotion = min(
+            self._next_tier_promotion,
+            ticket.arrived + self._tier_promote_after[ticket.current_tier],
+        )
         self._entries += 1
         self._join(ticket)
 
@@ -112,6 +120,8 @@ class TicketQueues:
 
     def promote_tiers(self, now: float) -> None:
         """Move every ticket that waited long enough in the tier it arrived in up one tier."""
+        if now < self._next_tier_promotion:
+            return
         for tier in range(1, self._tiers):
             after = self._tier_promote_after[tier]
             dq = self._native[tier]
@@ -122,14 +132,16 @@ class TicketQueues:
                 ticket = dq.popleft()
                 self._promoted[tier - 1].append(ticket)
                 self._move(ticket, tier - 1, ticket.level, ticket.entered_level)
+        self._next_tier_promotion = self.next_tier_promotion()
 
-    def next_tier_promotion(self) -> float:
+    def next_tier_promotion(self, tier: int | None = None) -> float:
+        """When the next ticket (of ``tier``, or of any tier) moves up a tier."""
         soonest = math.inf
-        for tier in range(1, self._tiers):
-            dq = self._native[tier]
+        for t in range(1, self._tiers) if tier is None else (tier,):
+            dq = self._native[t]
             self._clean_arrivals(dq)
             if dq:
-                soonest = min(soonest, dq[0].arrived + self._tier_promote_after[tier])
+                soonest = min(soonest, dq[0].arrived + self._tier_promote_after[t])
         return soonest
 
     def pop_expired(self, now: float) -> list[Ticket]:

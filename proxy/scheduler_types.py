@@ -27,23 +27,31 @@ class TierSpec:
 class SchedulerSettings:
     """Tiers (most urgent first) and the knobs of the queueing discipline.
 
-    ``level_bounds_s[i]`` is the longest estimated service time that joins level ``i``;
-    longer calls join the last level. ``promote_after_s[i]`` is how long a call waits at
-    level ``i`` before it moves up one level (entry 0 is never used: level 0 is the top).
-    ``tier_promote_after_s``: total wait after which a call moves up one tier, once; only
-    tiers whose ``max_wait_s`` is longer ever reach it. ``headroom_scale`` multiplies the
-    recent offered load (busy slots) of the more urgent tiers to size the adaptive
-    reservation, measured as an EWMA over ``headroom_horizon_s``. ``quantum_s``: how far, in
-    slot-seconds per unit of weight, a tier may run ahead of the most under-served waiting
-    tier and still be chosen by urgency rather than by fair share.
+    - ``level_bounds_s[i]``: the longest estimated service time that joins level ``i``;
+      longer calls join the last level.
+    - ``promote_after_s[i]``: how long a call waits at level ``i`` before it moves up one
+      level (entry 0 is never used: level 0 is the top). The defaults let a call wait
+      behind shorter ones for about ten times its level's bound: long enough that under
+      sustained overload the levels do not all drain into level 0 and turn into FCFS.
+    - ``tier_promote_after_s``: total wait after which a call moves up one tier, once; only
+      tiers whose ``max_wait_s`` is longer ever reach it. None: never.
+    - ``headroom_scale``: times the recent offered load of the more urgent tiers (busy
+      slots, an EWMA over ``headroom_horizon_s``), the slots per provider they can always
+      get, counting those they already run on (``proxy.headroom``). 0: no adaptive headroom.
+    - ``quantum_s``: how far, in slot-seconds per unit of weight, a tier may run ahead of the
+      most under-served waiting tier and still be chosen by urgency rather than fair share.
+
+    The defaults were tuned on a fake-clock replay of the Azure conversation trace at 1.2x
+    overload (28 slots): the most urgent tier's p99 wait under 1/50 of FCFS's, short calls'
+    p99 about 1/20, makespan within 2 %, the least urgent tier's longest wait under 3x.
     """
 
     tiers: tuple[TierSpec, ...]
     max_queue: int = 10_000
     level_bounds_s: tuple[float, ...] = (1.0, 5.0, 30.0)
-    promote_after_s: tuple[float, ...] = (math.inf, 5.0, 20.0, 60.0)
+    promote_after_s: tuple[float, ...] = (math.inf, 50.0, 300.0, 600.0)
     tier_promote_after_s: float | None = 300.0
-    headroom_scale: float = 1.5
+    headroom_scale: float = 0.5
     headroom_horizon_s: float = 30.0
     quantum_s: float = 5.0
 

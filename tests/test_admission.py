@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
@@ -20,6 +22,7 @@ from proxy.scheduler import (
     TierSpec,
 )
 
+T = TypeVar("T")
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))
 
 
@@ -33,9 +36,10 @@ class CountingScheduler(Scheduler):
         self.advances += 1
         return super().advance(now)
 
-    def release(self, provider: str, now: float, service_s: float | None = None) -> list[Dispatch]:
+    def release(self, provider: str, now: float, service_s: float | None = None,
+                ticket: Ticket | None = None) -> list[Dispatch]:
         self.releases += 1
-        return super().release(provider, now, service_s)
+        return super().release(provider, now, service_s, ticket)
 
 
 def make(caps: dict[str, int] | None = None, tiers: tuple[TierSpec, ...] = FOUR,
@@ -50,6 +54,11 @@ def make(caps: dict[str, int] | None = None, tiers: tuple[TierSpec, ...] = FOUR,
 
 def ticket(tier: int, est: float = 1.0, candidates: tuple[str, ...] = ("p",)) -> Ticket:
     return Ticket(tier=tier, candidates=candidates, est_service_s=est)
+
+
+async def within(awaitable: Awaitable[T], seconds: float = 2.0) -> T:
+    """A broken shell must fail a test, not hang it."""
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 async def settle() -> None:
@@ -70,7 +79,7 @@ async def test_waiters_wake_in_dispatch_order() -> None:
     await settle()
     assert order == [] and sum(s.depth(i) for i in range(4)) == 5
     adm.release("p")
-    await asyncio.gather(*tasks)
+    await within(asyncio.gather(*tasks))
     assert order == [0, 1, 2, 3, 3]
     assert s.inflight("p") == 0
     adm.close()
@@ -84,7 +93,7 @@ async def test_cancelled_while_queued_leaves_no_ghost() -> None:
     await settle()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task)
     assert gone.state is TicketState.CANCELLED and s.depth(1) == 0
     adm.release("p")
     assert s.inflight("p") == 0
@@ -106,9 +115,9 @@ async def test_cancel_racing_with_dispatch_gives_the_slot_back(cancel_first: boo
         adm.release("p")
         racing.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await racing
+        await within(racing)
     assert racer.state is TicketState.DISPATCHED
-    assert await waiting == "p"  # the slot went on to the next waiter
+    assert await within(waiting) == "p"  # the slot went on to the next waiter
     assert s.inflight("p") == 1
     adm.release("p")
     assert s.inflight("p") == 0
@@ -160,7 +169,7 @@ async def test_slot_releases_exactly_once() -> None:
     assert s.inflight("p") == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task)
     assert s.inflight("p") == 0 and s.releases == 3  # the blocker's, then the body's
     adm.close()
 
@@ -171,13 +180,13 @@ async def test_queue_full_and_eviction_raise_errors_with_retry_after() -> None:
     low = asyncio.create_task(adm.acquire(ticket(3)))
     await settle()
     with pytest.raises(QueueFull) as full:
-        await adm.acquire(ticket(3))
+        await within(adm.acquire(ticket(3)))
     assert full.value.retry_after is not None and full.value.retry_after >= 1
     high = asyncio.create_task(adm.acquire(ticket(1)))
     with pytest.raises(Evicted):
-        await low
+        await within(low)
     adm.release("p")
-    assert await high == "p"
+    assert await within(high) == "p"
     adm.close()
 
 
@@ -192,9 +201,9 @@ async def test_pass_throughs_wake_waiters() -> None:
     await settle()
     assert not on_q.done()
     adm.set_available("q", True)
-    assert await on_q == "q"
+    assert await within(on_q) == "q"
     adm.set_capacity("p", 2)
-    assert await on_p == "p"
+    assert await within(on_p) == "p"
     adm.set_policy({0: 2.0}, {0: 1})
     assert s.snapshot(0.0)["providers"]["p"]["held_back"][3] == 1  # type: ignore[index]
     adm.close()
@@ -207,7 +216,7 @@ async def test_close_turns_waiters_away() -> None:
     await settle()
     adm.close()
     with pytest.raises(Overloaded):
-        await waiting
+        await within(waiting)
     assert s.depth(2) == 0
     with pytest.raises(Overloaded):
         await adm.acquire(ticket(0))

@@ -2,51 +2,18 @@
 
 from __future__ import annotations
 
-import ast
 import math
-from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
 from proxy.scheduler import (
     Dispatch,
-    Scheduler,
     SchedulerSettings,
     Ticket,
     TicketState,
     TierSpec,
 )
-
-FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))
-
-
-def make(caps: dict[str, int] | None = None, tiers: Sequence[TierSpec] = FOUR,
-         **settings: object) -> Scheduler:
-    return Scheduler(SchedulerSettings(tiers=tuple(tiers), **settings),  # type: ignore[arg-type]
-                     caps if caps is not None else {"p": 1})
-
-
-def ticket(tier: int, est: float = 1.0, candidates: tuple[str, ...] = ("p",)) -> Ticket:
-    return Ticket(tier=tier, candidates=candidates, est_service_s=est)
-
-
-def occupy(s: Scheduler, now: float = 0.0, provider: str = "p", tier: int = 0) -> Ticket:
-    """Take one slot of ``provider`` with a running call."""
-    t = ticket(tier, 1.0, (provider,))
-    assert s.submit(t, now).dispatch is not None
-    return t
-
-
-def drain(s: Scheduler, now: float, provider: str = "p") -> list[Ticket]:
-    """Release ``provider``'s slot over and over; the tickets in dispatch order."""
-    out: list[Ticket] = []
-    while True:
-        got = s.release(provider, now)
-        if not got:
-            return out
-        out += [d.ticket for d in got]
-
+from tests.scheduler_kit import FOUR, drain, make, occupy, ticket
 
 # --- tiers, levels ----------------------------------------------------------------------
 
@@ -88,224 +55,6 @@ def test_level_follows_the_estimate(est: float, level: int) -> None:
     t = ticket(1, est)
     s.submit(t, 0.0)
     assert t.level == level
-
-
-# --- weighted sharing --------------------------------------------------------------------
-
-
-def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
-                   horizon: float, **settings: object) -> list[float]:
-    """Every tier always backlogged; calls run exactly their estimate. Slot-seconds used
-    per tier by the end."""
-    tiers = [TierSpec(f"t{i}", w, max_wait_s=1e9) for i, w in enumerate(weights)]
-    s = make({"p": slots}, tiers, headroom_scale=0.0, tier_promote_after_s=None, **settings)
-    used = [0.0] * len(weights)
-    running: list[tuple[float, int]] = []
-
-    def top_up(now: float) -> list[Dispatch]:
-        got: list[Dispatch] = []
-        for tier, est in enumerate(ests):
-            while s.depth(tier) < 3:
-                result = s.submit(ticket(tier, est), now)
-                got += result.woken
-                if result.dispatch:
-                    got.append(result.dispatch)
-        return got
-
-    def start(now: float, dispatches: list[Dispatch]) -> None:
-        for d in dispatches:
-            running.append((now + d.ticket.est_service_s, d.ticket.tier))
-            used[d.ticket.tier] += d.ticket.est_service_s
-
-    now = 0.0
-    start(now, top_up(now))
-    while now < horizon:
-        running.sort()
-        now, _ = running.pop(0)
-        start(now, s.release("p", now))
-        start(now, top_up(now))
-    return used
-
-
-@pytest.mark.parametrize(("weights", "ests", "slots"), [
-    ((1, 1), (1.0, 1.0), 1),
-    ((2, 1), (1.0, 1.0), 1),
-    ((2, 1), (0.5, 4.0), 2),          # a weight is a share of slot time, not of calls
-    ((1, 3), (3.0, 0.3), 1),          # the less urgent tier may have the larger share
-    ((8, 4, 2, 1), (0.5, 2.0, 8.0, 20.0), 4),
-])
-def test_weights_share_slot_seconds(weights: tuple[float, ...], ests: tuple[float, ...],
-                                    slots: int) -> None:
-    used = simulate_share(weights, ests, slots, horizon=20_000.0)
-    total = sum(used)
-    for w, u in zip(weights, used, strict=True):
-        assert u / total == pytest.approx(w / sum(weights), rel=0.05)
-
-
-def test_idle_tier_banks_no_credit() -> None:
-    tiers = (TierSpec("a", 1, max_wait_s=1e9), TierSpec("b", 1, max_wait_s=1e9))
-    s = make(tiers=tiers, headroom_scale=0.0, quantum_s=5.0)
-    now = 0.0
-    occupy(s, now, tier=1)
-    for _ in range(1000):  # tier b alone for a long time
-        s.submit(ticket(1, 1.0), now)
-        now += 1.0
-        assert [d.ticket.tier for d in s.release("p", now)] == [1]
-    for _ in range(50):  # tier a now has a backlog too
-        s.submit(ticket(0, 1.0), now)
-    for _ in range(50):
-        s.submit(ticket(1, 1.0), now)
-    order = [t.tier for t in drain(s, now)]
-    run_of_a = order.index(1)
-    assert 1 <= run_of_a <= 6  # a gets a quantum's worth first, not the 1000 s b had alone
-    assert order[:40].count(0) == pytest.approx(20, abs=4)
-
-
-def test_urgent_tier_within_its_share_goes_first() -> None:
-    """Urgent calls use 20 % of the slot (their share is 8/9): whenever the slot frees while
-    one waits, it goes next, however much low work is queued."""
-    s = make({"p": 1}, headroom_scale=0.0)
-    now, next_urgent, busy_until = 0.0, 0.0, 0.0
-    urgent_waiting: list[Ticket] = []
-    picked_urgent = 0
-    while now < 2000.0:
-        while s.depth(3) < 3:
-            got = s.submit(ticket(3, 5.0), now).dispatch
-            busy_until = now + 5.0 if got else busy_until
-        if now >= next_urgent:
-            urgent = ticket(0, 0.2)
-            if s.submit(urgent, now).dispatch:
-                busy_until = now + 0.2
-            else:
-                urgent_waiting.append(urgent)
-            next_urgent += 1.0
-        if now >= busy_until:
-            dispatched = s.release("p", now)
-            assert len(dispatched) == 1
-            if urgent_waiting:
-                assert dispatched[0].ticket is urgent_waiting.pop(0)
-                picked_urgent += 1
-            busy_until = now + dispatched[0].ticket.est_service_s
-        now = min(next_urgent, busy_until)
-    assert picked_urgent > 100
-
-
-# --- headroom ------------------------------------------------------------------------------
-
-
-def urgent_flow(s: Scheduler, start: float, end: float, provider: str = "p",
-                est: float = 1.0, every: float = 0.5) -> float:
-    """Urgent calls that each finish at once; returns the time after the last one."""
-    now = start
-    while now < end:
-        t = ticket(0, est, (provider,))
-        assert s.submit(t, now).dispatch is not None
-        s.release(provider, now)
-        now += every
-    return now
-
-
-@pytest.mark.parametrize(("urgent", "low_dispatched"), [(False, 4), (True, 2)])
-def test_adaptive_headroom_follows_urgent_demand(urgent: bool, low_dispatched: int) -> None:
-    s = make({"p": 4})
-    now = urgent_flow(s, 0.0, 20.0) if urgent else 20.0
-    lows = [ticket(3, 30.0) for _ in range(4)]
-    got = [s.submit(t, now).dispatch is not None for t in lows]
-    assert sum(got) == low_dispatched
-    if urgent:
-        assert s.held_back("p", 3, now) == 2
-        assert s.submit(ticket(0, 1.0), now).dispatch is not None
-
-
-def test_adaptive_headroom_lapses_without_urgent_arrivals() -> None:
-    s = make({"p": 4}, headroom_horizon_s=30.0)
-    now = urgent_flow(s, 0.0, 20.0)
-    lows = [ticket(3, 30.0) for _ in range(4)]
-    for t in lows:
-        s.submit(t, now)
-    assert [t.state for t in lows].count(TicketState.QUEUED) == 2
-    wakeup = s.next_wakeup(now)
-    assert wakeup is not None
-    assert now < wakeup <= 20.0 + 30.0
-    assert s.advance(wakeup - 0.01) == ([], [])
-    dispatches, _ = s.advance(wakeup)
-    assert len(dispatches) >= 1
-    at: float | None = wakeup
-    while at is not None and at < 1000:
-        s.advance(at)
-        at = s.next_wakeup(at)
-    assert all(t.state is TicketState.DISPATCHED for t in lows)
-    assert s.held_back("p", 3, 60.0) == 0
-
-
-@pytest.mark.parametrize(("flow_est", "wakeup"), [
-    (10.0, 19.5 + 30.0),               # heavy: held until a horizon after the last arrival
-    (None, 30.0 * math.log(2.0)),      # one 2 s call: its EWMA decays below a slot sooner
-])
-def test_headroom_lapse_wakes_exactly_when_due(flow_est: float | None, wakeup: float) -> None:
-    s = make({"p": 4}, headroom_horizon_s=30.0)
-    if flow_est is None:
-        last = urgent_flow(s, 0.0, 0.1, est=2.0) - 0.5
-    else:
-        last = urgent_flow(s, 0.0, 20.0, est=flow_est) - 0.5
-    lows = [ticket(3, 30.0) for _ in range(4)]
-    for t in lows:
-        s.submit(t, max(last, 0.0))
-    blocked = [t for t in lows if t.state is TicketState.QUEUED]
-    assert blocked
-    assert s.next_wakeup(max(last, 0.0)) == pytest.approx(wakeup)
-    assert s.advance(wakeup - 1e-3) == ([], [])
-    s.advance(wakeup + 1e-5)
-    assert all(t.state is TicketState.DISPATCHED for t in blocked)
-
-
-@pytest.mark.parametrize("start", [6.868013784925738, 0.1, 1e6 + 0.3])
-def test_headroom_wakeups_make_progress_at_awkward_times(start: float) -> None:
-    """Found by the state machine: a wake-up computed as stamp + horizon must see the
-    reservation gone, or the shell's timer fires forever at the same instant."""
-    s = make({"a": 3}, headroom_horizon_s=10.0)
-    assert s.submit(ticket(0, 45.0, ("a",)), start).dispatch is not None
-    waiting = ticket(1, 0.2, ("a",))
-    s.submit(waiting, start)
-    now = start
-    for _ in range(3):
-        wakeup = s.next_wakeup(now)
-        assert wakeup is not None and wakeup > now
-        now = wakeup
-        s.advance(now)
-        if waiting.state is TicketState.DISPATCHED:
-            break
-    assert waiting.state is TicketState.DISPATCHED
-    assert now == pytest.approx(start + 10.0)
-
-
-def test_middle_tier_is_held_back_only_for_more_urgent_demand() -> None:
-    s = make({"p": 4})
-    now = urgent_flow(s, 0.0, 20.0)
-    assert s.held_back("p", 0, now) == 0
-    assert s.held_back("p", 1, now) == 2
-    assert s.held_back("p", 3, now) == 2
-
-
-@pytest.mark.parametrize(("reserves", "capacity", "tier", "dispatched"), [
-    ((2, None, None, None), 4, 1, 2),
-    ((2, None, None, None), 4, 3, 2),
-    ((0, 1, None, None), 4, 1, 4),        # a tier's reserve only binds tiers below it
-    ((0, 1, None, None), 4, 2, 3),
-    ((1, 3, None, None), 4, 3, 1),        # the largest reserve above the tier counts
-    ((9, None, None, None), 4, 3, 1),     # never every slot: one stays usable
-    ((1, None, None, None), 1, 3, 1),     # a single slot is never reserved
-    ((0, 0, 0, 0), 4, 3, 4),              # fixed zero turns adaptive headroom off
-])
-def test_fixed_reserve(reserves: tuple[int | None, ...], capacity: int, tier: int,
-                       dispatched: int) -> None:
-    tiers = [TierSpec(spec.name, spec.weight, reserve=r) for spec, r in zip(FOUR, reserves,
-                                                                            strict=True)]
-    s = make({"p": capacity}, tiers)
-    urgent_flow(s, 0.0, 20.0, est=0.2)  # adaptive demand that fixed reserves override
-    calls = [ticket(tier, 30.0) for _ in range(capacity)]
-    got = [s.submit(t, 20.0).dispatch is not None for t in calls]
-    assert sum(got) == dispatched
 
 
 # --- aging -------------------------------------------------------------------------------
@@ -545,6 +294,16 @@ def test_set_policy_overrides_and_restores() -> None:
     assert s.snapshot(2.0)["tiers"][3]["weight"] == 1.0  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("weights", "reserves"), [({0: 0.0}, None), (None, {1: -1})])
+def test_invalid_policy_is_refused_and_changes_nothing(weights: dict[int, float] | None,
+                                                        reserves: dict[int, int] | None) -> None:
+    s = make({"p": 4})
+    before = s.snapshot(0.0)
+    with pytest.raises(ValueError):
+        s.set_policy(weights, reserves, 0.0)
+    assert s.snapshot(0.0) == before
+
+
 def test_set_policy_dispatches_what_a_dropped_reserve_frees() -> None:
     tiers = [TierSpec(t.name, t.weight, reserve=r) for t, r in zip(FOUR, (2, 0, 0, 0),
                                                                    strict=True)]
@@ -608,16 +367,3 @@ def test_wait_is_recorded_on_the_ticket() -> None:
     s.submit(t, 2.0)
     s.release("p", 4.5)
     assert (t.arrived, t.dispatched_at, t.wait_s, t.provider) == (2.0, 4.5, 2.5, "p")
-
-
-@pytest.mark.parametrize("module", ["scheduler", "scheduler_types", "scheduler_queues",
-                                    "headroom"])
-def test_core_modules_stay_pure(module: str) -> None:
-    source = (Path(__file__).parent.parent / "proxy" / f"{module}.py").read_text()
-    imported: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert not imported & {"asyncio", "aiohttp", "time"}
