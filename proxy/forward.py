@@ -209,7 +209,9 @@ async def _one_attempt(
             retry_after = outcome.retry_after_s if isinstance(outcome, Failure) else None
             _record_verdict(service, provider, deployment, verdict, retry_after, started)
     finally:
-        service.admission.release(provider_name, service.clock.now() - ticket.dispatched_at)
+        service.admission.release(
+            provider_name, service.clock.now() - ticket.dispatched_at, ticket
+        )
 
 
 def _record_verdict(

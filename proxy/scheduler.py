@@ -247,7 +247,7 @@ class Scheduler:
         if not self._available[provider]:
             return out
         self._catch_up(now)
-        while self._capacity[provider] > self._inflight[provider]:
+        while self._queues.queued and self._capacity[provider] > self._inflight[provider]:
             ticket = self._choose(provider, now)
             if ticket is None:
                 break
