@@ -15,6 +15,12 @@ from .classify import ClassifySettings
 from .config_policy import ApiKey, parse_classify, parse_schedules
 from .config_providers import Provider, parse_models, parse_providers
 from .config_reader import ConfigError, Node, fail
+from .estimate import (
+    DEFAULT_OUTPUT_PRIOR,
+    DEFAULT_PREFILL_SECONDS_PER_TOKEN,
+    DEFAULT_SECONDS_PER_TOKEN_PRIOR,
+    DEFAULT_TTFT_PRIOR_S,
+)
 from .route import ModelRoute
 from .scheduler import SchedulerSettings, TierSpec
 from .schedules import Schedule
@@ -46,6 +52,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class EstimateSettings:
+    """Priors of the estimators, until they have learned from completed calls."""
+
+    output_tokens: int = DEFAULT_OUTPUT_PRIOR
+    ttft_s: float = DEFAULT_TTFT_PRIOR_S
+    seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN_PRIOR
+    prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN  # not learned
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen
     tiers: tuple[TierSpec, ...]
@@ -58,6 +74,7 @@ class Config:
     timezone: str = "UTC"
     retry: RetrySettings = field(default_factory=RetrySettings)
     limits: Limits = field(default_factory=Limits)
+    estimate: EstimateSettings = field(default_factory=EstimateSettings)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -105,13 +122,25 @@ def parse_config(data: object, env: Mapping[str, str]) -> Config:
         exact_token_chars=limits_node.integer("exact_token_chars", 16_000),
     )
     limits_node.check_unknown()
+    estimate_node = root.node("estimate")
+    estimate = EstimateSettings(
+        output_tokens=estimate_node.integer("output_tokens", DEFAULT_OUTPUT_PRIOR, minimum=1),
+        ttft_s=estimate_node.number("ttft_s", DEFAULT_TTFT_PRIOR_S),
+        seconds_per_token=estimate_node.number(
+            "seconds_per_token", DEFAULT_SECONDS_PER_TOKEN_PRIOR
+        ),
+        prefill_seconds_per_token=estimate_node.number(
+            "prefill_seconds_per_token", DEFAULT_PREFILL_SECONDS_PER_TOKEN
+        ),
+    )
+    estimate_node.check_unknown()
     root.check_unknown()
     for message in warnings:
         log.warning("%s", message)
     return Config(
         listen=listen, tiers=tiers, scheduler=scheduler, classify=classify, keys=keys,
         providers=providers, models=models, schedules=schedules, timezone=timezone,
-        retry=retry, limits=limits, warnings=tuple(warnings),
+        retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
     )
 
 

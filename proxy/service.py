@@ -75,8 +75,13 @@ class Service:
         self._resume: dict[str, asyncio.TimerHandle] = {}
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
-        self.outputs = OutputEstimator()
-        self.latency = LatencyModel()
+        priors = config.estimate
+        self.outputs = OutputEstimator(prior=priors.output_tokens)
+        self.latency = LatencyModel(
+            ttft_prior_s=priors.ttft_s,
+            seconds_per_token_prior=priors.seconds_per_token,
+            prefill_seconds_per_token=priors.prefill_seconds_per_token,
+        )
         for name, provider in config.providers.items():
             self.metrics.limit.get(name).set(provider.max_concurrency)
         for index, tier in enumerate(config.tiers):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.config import ConfigError, load_config, parse_config
 
@@ -143,3 +144,17 @@ def test_cli_exits_2_on_a_bad_config(tmp_path: Path, command: str) -> None:
     )
     assert result.returncode == 2
     assert "providers[0].max_concurrency: must be a positive integer" in result.stderr
+
+
+def test_the_readme_examples_are_valid_config() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]
+    merged: dict[str, object] = {}
+    for block in blocks:
+        merged.update(yaml.safe_load(block))
+    env = {"OPENAI_API_KEY": "sk-1", "AZURE_OPENAI_KEY": "az-1"}
+    config = parse_config(merged, env)
+    assert set(config.providers) == {"premium", "budget", "azure", "sim"}
+    assert config.models["chat"].degradation is not None
+    assert [s.name for s in config.schedules] == ["evening-peak", "night"]
+    assert config.scheduler.promote_after_s[0] == float("inf")
