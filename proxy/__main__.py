@@ -12,9 +12,13 @@ from .config import Config, ConfigError, load_config
 def _summary(config: Config) -> str:
     lines = [
         f"tiers: {', '.join(config.tier_names)}",
-        f"keys: {len(config.keys) or 'none (any bearer token accepted)'}",
+        "keys: " + (
+            f"{len(config.keys)} enabled" if config.auth_required
+            else "none (any bearer token accepted)"
+        ),
         "providers: " + ", ".join(
-            f"{p.name} ({p.kind}, {p.max_concurrency} slots)" for p in config.providers.values()
+            f"{p.name} ({p.kind}, max_concurrency {p.max_concurrency})"
+            for p in config.providers.values()
         ),
         "models: " + ", ".join(
             f"{name} -> {' | '.join(d.key for d in route.candidates) or 'nothing enabled'}"
@@ -29,15 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="triage-proxy", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", default="routing.yaml")
+    serve.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     serve.add_argument("--host", help="overrides listen.host")
-    serve.add_argument("--port", type=int, help="overrides listen.port")
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--port", type=int, help="overrides listen.port (0: any free port)")
+    serve.add_argument("--log-level", default="INFO", type=str.upper,
+                       choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     check = commands.add_parser("check", help="validate a config and print a summary")
-    check.add_argument("--config", default="routing.yaml")
+    check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(args, "log_level", "WARNING").upper(),
+        level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
@@ -53,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
-    run(config, host, port)
+    try:
+        run(config, host, port)
+    except OSError as exc:
+        print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -23,7 +23,7 @@ _ERRORS: dict[str, type[Overloaded]] = {
     "queue_timeout": QueueTimeout,
 }
 _MESSAGES = {
-    "queue_full": "The queue for this priority tier is full; retry later.",
+    "queue_full": "The proxy's queue is full; retry later.",
     "evicted": "A more urgent call took this call's place in the queue; retry later.",
     "queue_timeout": "The call waited longer than its tier allows; retry later.",
 }

@@ -13,16 +13,14 @@ ANONYMOUS = Principal(name="anonymous")
 
 
 class Authenticator:
-    def __init__(self, keys: tuple[ApiKey, ...]) -> None:
+    def __init__(self, keys: tuple[ApiKey, ...], required: bool) -> None:
+        """With no keys configured any caller is accepted (local use); with keys configured
+        but every one disabled (its variable unset), nobody is."""
         self._by_digest = {k.sha256: k.principal for k in keys}
-
-    @property
-    def open(self) -> bool:
-        """With no keys configured any caller is accepted (local use)."""
-        return not self._by_digest
+        self._required = required or bool(keys)
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        if not self._by_digest:
+        if not self._required:
             return ANONYMOUS
         token = _bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
         if not token:

@@ -68,6 +68,7 @@ class Config:
     scheduler: SchedulerSettings
     classify: ClassifySettings
     keys: tuple[ApiKey, ...]
+    auth_required: bool  # keys were configured (even if every one is disabled)
     providers: Mapping[str, Provider]
     models: Mapping[str, ModelRoute]
     schedules: tuple[Schedule, ...] = ()
@@ -103,7 +104,9 @@ def parse_config(data: object, env: Mapping[str, str]) -> Config:
     tiers = _tiers(root)
     names = tuple(t.name for t in tiers)
     scheduler = _scheduler(root.node("scheduler"), tiers)
-    keys, classify = parse_classify(root.node("classify"), names, warnings)
+    classify_node = root.node("classify")
+    auth_required = bool(classify_node.raw("keys"))
+    keys, classify = parse_classify(classify_node, names, warnings)
     providers, declared = parse_providers(root, warnings)
     models = parse_models(root, names, providers, declared, warnings)
     timezone, schedules = parse_schedules(root.node("schedules"), names)
@@ -139,6 +142,7 @@ def parse_config(data: object, env: Mapping[str, str]) -> Config:
         log.warning("%s", message)
     return Config(
         listen=listen, tiers=tiers, scheduler=scheduler, classify=classify, keys=keys,
+        auth_required=auth_required,
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
     )

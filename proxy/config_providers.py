@@ -93,6 +93,8 @@ def _http_provider(
     if not re.match(r"https?://[^/\s]+", base_url):
         fail(f"{path}.base_url", "must be an http:// or https:// URL")
     api_key = node.secret("api_key", "")
+    if api_key == "" and "${" in str(node.data.get("api_key", "")):
+        api_key = UNSET  # a variable set to nothing is as good as unset
     headers = {str(k): str(v) for k, v in node.mapping("headers").items()}
     accepts = node.boolean("accepts_service_tier", kind in FORWARDED_SERVICE_TIERS)
     api_version = node.optional_string("api_version")

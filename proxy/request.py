@@ -40,6 +40,10 @@ def parse_call(raw: bytes, *, chat: bool) -> Call:
             )
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequest("Each message must be an object.", param="messages")
+    elif not isinstance(body.get("input"), str | list) or not body["input"]:
+        raise InvalidRequest(
+            "'input' is required and must be a non-empty string or array.", param="input"
+        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False

@@ -42,7 +42,7 @@ async def serve(config: Config, host: str, port: int) -> None:
     gc.set_threshold(10_000, 10, 10)
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    if not config.keys and not _is_loopback(host):
+    if not config.auth_required and not _is_loopback(host):
         log.warning("no proxy keys configured and listening on %s: anyone can use it", host)
     bound = runner.addresses[0] if runner.addresses else (host, port)
     print(f"listening on http://{host}:{bound[1]}", flush=True)

@@ -51,7 +51,7 @@ class Service:
         self.counter = counter
         self.metrics = metrics or Metrics()
         self.rng = rng or random.Random()
-        self.auth = Authenticator(config.keys)
+        self.auth = Authenticator(config.keys, config.auth_required)
         self.providers = {
             name: ProviderRuntime(
                 config=provider,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ class SimulatedUpstream:
             return _error_response(400, "invalid_request", "body is not JSON")
         if not isinstance(body, dict):
             return _error_response(400, "invalid_request", "body must be an object")
+        if request.path == "/embeddings":
+            return _embedding_response(request.model, body.get("input"))
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         n_out = limit if isinstance(limit, int) and limit > 0 else s.default_output_tokens
         include_usage = isinstance(body.get("stream_options"), dict) and bool(
@@ -74,7 +77,22 @@ def _prompt_tokens(messages: object) -> int:
     if not isinstance(messages, list):
         return 0
     chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
-    return chars // 4
+    return -(-chars // 4)
+
+
+def _embedding_response(model: str, given: object) -> SimulatedResponse:
+    """Deterministic 8-dimensional vectors, one per input."""
+    inputs = given if isinstance(given, list) else [given]
+    data = [
+        {"object": "embedding", "index": i,
+         "embedding": [((zlib.crc32(str(text).encode()) >> (4 * d)) % 1000) / 1000
+                       for d in range(8)]}
+        for i, text in enumerate(inputs)
+    ]
+    tokens = sum(-(-len(str(text)) // 4) for text in inputs)
+    body = orjson.dumps({"object": "list", "data": data, "model": model,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return SimulatedResponse(None, "", 0, 0, 0.0, False, False, status=200, body=body)
 
 
 def _error_response(status: int, code: str, message: str) -> SimulatedResponse:

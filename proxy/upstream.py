@@ -91,13 +91,19 @@ class HttpUpstream:
                     timeout=self._client_timeout(timeouts),
                 )
         except aiohttp.ServerTimeoutError as exc:  # connect timed out
-            raise UpstreamConnectError(f"connect timed out: {exc}") from exc
+            raise UpstreamConnectError("connecting to the provider timed out") from exc
         except TimeoutError as exc:
             raise UpstreamTimeout(f"no response within {budget:g}s") from exc
         except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise UpstreamConnectError(f"connection failed: {exc}") from exc
+            # The detail (the provider's address) stays in the chain for logs, not in the
+            # message a client sees.
+            raise UpstreamConnectError(
+                f"connecting to the provider failed ({type(exc).__name__})"
+            ) from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamBadResponse(f"bad response: {exc}") from exc
+            raise UpstreamBadResponse(
+                f"the provider's response was malformed ({type(exc).__name__})"
+            ) from exc
         return HttpResponse(response, timeouts, deadline)
 
     def _client_timeout(self, timeouts: Timeouts) -> aiohttp.ClientTimeout:
@@ -128,7 +134,9 @@ class HttpResponse:
         except TimeoutError as exc:
             raise UpstreamTimeout("response not complete in time") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamBadResponse(f"response broken: {exc}") from exc
+            raise UpstreamBadResponse(
+                f"the provider's response broke ({type(exc).__name__})"
+            ) from exc
         finally:
             self.close()
 
@@ -143,7 +151,9 @@ class HttpResponse:
                 except TimeoutError as exc:
                     raise UpstreamTimeout("upstream stream stalled") from exc
                 except (aiohttp.ClientError, OSError) as exc:
-                    raise UpstreamBadResponse(f"upstream stream broken: {exc}") from exc
+                    raise UpstreamBadResponse(
+                        f"the provider's stream broke ({type(exc).__name__})"
+                    ) from exc
                 if not data:
                     if not self._response.content.is_eof():
                         raise UpstreamBadResponse("upstream stream ended early")

@@ -66,6 +66,16 @@ def test_unset_provider_key_disables_provider_with_one_warning() -> None:
     assert "providers[0].api_key" in config.warnings[0]
 
 
+def test_an_empty_key_variable_disables_the_provider() -> None:
+    data = with_(
+        providers=[{"name": "openai", "base_url": "https://api.openai.com/v1",
+                    "api_key": "${OPENAI_API_KEY}"}, {"name": "sim", "kind": "simulated"}],
+        models={"m": [{"provider": "openai", "model": "g"}, {"provider": "sim", "model": "s"}]},
+    )
+    config = parse_config(data, {"OPENAI_API_KEY": ""})
+    assert list(config.providers) == ["sim"] and len(config.warnings) == 1
+
+
 def test_keys_are_stored_as_digests() -> None:
     digest = hashlib.sha256(b"batch-key").hexdigest()
     data = with_(classify={"keys": [

@@ -274,6 +274,21 @@ async def test_proxy_keys_are_required_when_configured(
     assert "s3cret" not in await (await client.get("/metrics")).text()
 
 
+async def test_configured_keys_with_every_variable_unset_refuse_everyone(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    server = await aiohttp_server(FakeUpstream().app())
+    config = config_from(
+        [provider("p", str(server.make_url("/v1")))], {"m": [{"provider": "p", "model": "x"}]},
+        classify={"keys": [{"name": "app", "key": "${APP_KEY}"}]},
+    )
+    assert config.keys == () and config.auth_required
+    client = await start(aiohttp_server, aiohttp_client, counter, config=config)
+    resp = await client.post("/v1/chat/completions", json=CHAT,
+                             headers={"Authorization": "Bearer anything"})
+    assert resp.status == 401
+
+
 async def test_models_health_and_embeddings(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
@@ -285,6 +300,8 @@ async def test_models_health_and_embeddings(
     assert (await client.get("/readyz")).status == 200
     resp = await client.post("/v1/embeddings", json={"model": "m", "input": "hello"})
     assert resp.status == 200 and (await resp.json())["model"] == "up-p0"
+    missing = await client.post("/v1/embeddings", json={"model": "m"})
+    assert missing.status == 400 and (await missing.json())["error"]["param"] == "input"
     status = await (await client.get("/admin/status")).json()
     assert set(status) >= {"scheduler", "breakers", "providers"}
     assert "proxy_requests_total" in await (await client.get("/metrics")).text()

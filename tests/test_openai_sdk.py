@@ -94,3 +94,25 @@ async def test_proxy_errors_surface_as_sdk_exceptions_with_the_request_id(
     assert denied.value.code == "invalid_api_key"
     await client.close()
     await bad_key.close()
+
+
+async def test_sdk_against_the_simulated_provider_chat_and_embeddings(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    config = config_from(
+        [{"name": "sim", "kind": "simulated", "max_concurrency": 2,
+          "simulate": {"ttft_s": 0.01, "tokens_per_s": 500}}],
+        {"small": [{"provider": "sim", "model": "sim-small"}]},
+    )
+    proxy: TestServer = await aiohttp_server(build_app(config, counter=counter))
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x", max_retries=0)
+    reply = await client.chat.completions.create(model="small", messages=MESSAGES, max_tokens=5)
+    assert reply.usage is not None and reply.usage.completion_tokens == 5
+    stream = await client.chat.completions.create(
+        model="small", messages=MESSAGES, max_tokens=5, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == reply.choices[0].message.content
+    vectors = await client.embeddings.create(model="small", input=["a", "b"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 8
+    await client.close()
