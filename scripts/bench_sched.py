@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import dataclasses
 import datetime
 import math
 import random
@@ -33,18 +34,24 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.config import Config, load_config
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_conv_2023.csv"
-# (name, weight, max_wait_s in trace seconds): the shipped routing.yaml's tiers.
-TIERS = (("critical", 8, 10.0), ("high", 4, 30.0), ("normal", 2, 120.0), ("low", 1, 900.0))
+# The tier rules below are written for the shipped routing.yaml's tiers, most urgent first;
+# their weights, max_wait_s and the scheduler's settings are read from it.
+TIERS = ("critical", "high", "normal", "low")
 RANDOM_SHARES = (0.10, 0.20, 0.40, 0.30)
+RULES = ("random", "size", "size-strict")
 # Simulated provider, in trace seconds: first token after TTFT + prompt / PREFILL, then
-# DECODE tokens a second. PREFILL matches the proxy's fixed prefill prior (1e-4 s/token).
+# DECODE tokens a second.
 TTFT_S = 0.2
 PREFILL_TPS = 10_000.0
 DECODE_TPS = 40.0
 WORD = "word "  # one cl100k token per word
 SAMPLE_HZ = 20.0
+WARMUP_CALLS = 100
+WARMUP_BATCH = 10
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,10 @@ def load_trace(path: Path, start_s: float, length_s: float) -> list[tuple[float,
 
 
 def assign_tiers(rows: Sequence[tuple[float, int, int]], rule: str, seed: int) -> list[int]:
-    """random: 10 % critical, 20 % high, 40 % normal, 30 % low. size: by output length,
-    shortest 20 % critical, next 30 % high, next 30 % normal, longest 20 % low; then 20 %
-    of calls re-drawn with the random shares (urgent calls short, not only short)."""
+    """random: 10 % critical, 20 % high, 40 % normal, 30 % low. size-strict: by output
+    length, shortest 20 % critical, next 30 % high, next 30 % normal, longest 20 % low.
+    size: the same, then 20 % of calls re-drawn with the random shares (urgent calls are
+    mostly short, not only short)."""
     rng = random.Random(seed)
     draw = [rng.choices(range(4), RANDOM_SHARES)[0] for _ in rows]
     if rule == "random":
@@ -109,7 +117,8 @@ def assign_tiers(rows: Sequence[tuple[float, int, int]], rule: str, seed: int) -
     for rank, i in enumerate(order):
         q = rank / len(rows)
         tiers[i] = 0 if q < 0.2 else 1 if q < 0.5 else 2 if q < 0.8 else 3
-    return [draw[i] if rng.random() < 0.2 else t for i, t in enumerate(tiers)]
+    redraw = 0.2 if rule == "size" else 0.0
+    return [draw[i] if rng.random() < redraw else t for i, t in enumerate(tiers)]
 
 
 def build_calls(rows: Sequence[tuple[float, int, int]], tiers: Sequence[int]) -> list[Call]:
@@ -117,7 +126,7 @@ def build_calls(rows: Sequence[tuple[float, int, int]], tiers: Sequence[int]) ->
     for (t, ctx, gen), tier in zip(rows, tiers, strict=True):
         body = orjson.dumps({
             "model": "bench", "stream": True, "max_tokens": max(gen, 1),
-            "messages": [{"role": "user", "content": WORD * max(ctx - 8, 1)}],
+            "messages": [{"role": "user", "content": WORD * max(ctx, 1)}],
         })
         calls.append(Call(t, ctx, gen, tier, body))
     return calls
@@ -185,10 +194,12 @@ def _event(delta: dict[str, str], finish: str | None = None) -> bytes:
 # --- the FCFS gate (role "fcfs") -------------------------------------------------------
 
 
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
 def fcfs_app(capacity: int, upstream: str) -> web.Application:
     gate = asyncio.Semaphore(capacity)
     state = {"queued": 0, "inflight": 0}
-    sessions: list[aiohttp.ClientSession] = []
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.read()
@@ -201,7 +212,7 @@ def fcfs_app(capacity: int, upstream: str) -> web.Application:
         state["inflight"] += 1
         try:
             waited_ms = (time.monotonic() - arrived) * 1000
-            async with sessions[0].post(upstream + "/v1/chat/completions", data=body,
+            async with request.app[SESSION].post(upstream + "/v1/chat/completions", data=body,
                                         headers={"content-type": "application/json"}) as r:
                 data = await r.read()
                 headers = {"content-type": r.headers.get("content-type", "text/plain"),
@@ -218,7 +229,7 @@ def fcfs_app(capacity: int, upstream: str) -> web.Application:
         timeout = aiohttp.ClientTimeout(total=None)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=timeout) as session:
-            sessions.append(session)
+            app[SESSION] = session
             yield
 
     app = web.Application()
@@ -244,27 +255,43 @@ async def serve_role(app: web.Application) -> None:
 # --- running the targets ----------------------------------------------------------------
 
 
-# Proxy variants: name -> scheduler.headroom_scale (None: the proxy's default).
+# Proxy variants: name -> scheduler.headroom_scale (None: the shipped value).
 PROXY_VARIANTS: dict[str, float | None] = {"proxy": None, "proxy-h0": 0.0}
 
 
-def proxy_yaml(capacity: int, speedup: float, upstream: str, wait_scale: float,
-               headroom_scale: float | None) -> str:
-    s = speedup
+def proxy_yaml(shipped: Config, capacity: int, speedup: float, upstream: str,
+               wait_scale: float, headroom_scale: float | None) -> str:
+    """The shipped routing.yaml's tiers, scheduler and estimator settings with every time
+    divided by the speed-up, and one provider: the simulated upstream."""
+
+    def t(seconds: float) -> str:
+        return ".inf" if math.isinf(seconds) else f"{seconds / speedup:.4g}"
+
+    sched, est = shipped.scheduler, shipped.estimate
     tiers = "\n".join(
-        f"  - {{name: {n}, weight: {w}, max_wait_s: {m * wait_scale / s:.4g}}}"
-        for n, w, m in TIERS
+        f"  - {{name: {spec.name}, weight: {spec.weight}, max_wait_s: "
+        f"{t(spec.max_wait_s * wait_scale)}"
+        + ("" if spec.reserve is None else f", reserve: {spec.reserve}")
+        + ("" if spec.max_queue is None else f", max_queue: {spec.max_queue}") + "}"
+        for spec in sched.tiers
     )
-    headroom = "" if headroom_scale is None else f"\n  headroom_scale: {headroom_scale}"
+    tier_promote = sched.tier_promote_after_s
     return f"""listen: {{host: 127.0.0.1, port: 0}}
 tiers:
 {tiers}
 scheduler:
-  max_queue: 10000
-  level_bounds_s: [{1 / s:.4g}, {5 / s:.4g}, {30 / s:.4g}]
-  promote_after_s: [.inf, {5 / s:.4g}, {20 / s:.4g}, {60 / s:.4g}]
-  tier_promote_after_s: {300 / s:.4g}
-  headroom_horizon_s: {30 / s:.4g}{headroom}
+  max_queue: {sched.max_queue}
+  level_bounds_s: [{", ".join(t(b) for b in sched.level_bounds_s)}]
+  promote_after_s: [{", ".join(t(p) for p in sched.promote_after_s)}]
+  tier_promote_after_s: {t(math.inf if tier_promote is None else tier_promote)}
+  headroom_scale: {sched.headroom_scale if headroom_scale is None else headroom_scale}
+  headroom_horizon_s: {t(sched.headroom_horizon_s)}
+  quantum_s: {t(sched.quantum_s)}
+estimate:
+  output_tokens: {est.output_tokens}
+  ttft_s: {t(est.ttft_s)}
+  seconds_per_token: {t(est.seconds_per_token)}
+  prefill_seconds_per_token: {t(est.prefill_seconds_per_token)}
 providers:
   - {{name: up, base_url: "{upstream}/v1", max_concurrency: {capacity}}}
 models:
@@ -324,12 +351,10 @@ async def replay(name: str, base: str, wait_header: str, status_url: str,
     timeout = aiohttp.ClientTimeout(total=1200 / speedup + 60)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async with session.get(upstream + "/stats") as r:
-            await r.read()  # reset the upstream's counters
 
         async def one(call: Call, out: Outcome) -> None:
             headers = {"content-type": "application/json", "authorization": "Bearer bench",
-                       "x-priority": TIERS[call.tier][0]}
+                       "x-priority": TIERS[call.tier]}
             out.sent = time.monotonic()
             try:
                 async with session.post(base + "/v1/chat/completions", data=call.body,
@@ -346,6 +371,14 @@ async def replay(name: str, base: str, wait_header: str, status_url: str,
             if out.status != 200:  # never served: all of its time was spent waiting
                 out.wait = (out.done - out.sent) * speedup
 
+        # Warm-up, so the proxy starts from learned service times as it would in service:
+        # least urgent tier, so no reservation is learned from it.
+        warm = [dataclasses.replace(c, tier=len(TIERS) - 1) for c in calls[:WARMUP_CALLS]]
+        for i in range(0, len(warm), WARMUP_BATCH):
+            await asyncio.gather(*(one(c, Outcome(c.tier, c.gen))
+                                   for c in warm[i:i + WARMUP_BATCH]))
+        async with session.get(upstream + "/stats") as r:
+            await r.read()  # reset the upstream's counters
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample(session, status_url, parse, run.samples, stop))
         tasks: list[Awaitable[None]] = []
@@ -365,7 +398,8 @@ async def replay(name: str, base: str, wait_header: str, status_url: str,
     return run
 
 
-async def bench(args: argparse.Namespace, calls_by_rule: dict[str, list[Call]]) -> None:
+async def bench(args: argparse.Namespace, shipped: Config,
+                calls_by_rule: dict[str, list[Call]]) -> None:
     py = sys.executable
     me = str(Path(__file__).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="bench_sched_"))
@@ -383,14 +417,15 @@ async def bench(args: argparse.Namespace, calls_by_rule: dict[str, list[Call]]) 
                                                  upstream))
                     continue
                 cfg = tmp / f"{target}.yaml"
-                cfg.write_text(proxy_yaml(c, s, upstream, args.wait_scale,
+                cfg.write_text(proxy_yaml(shipped, c, s, upstream, args.wait_scale,
                                           PROXY_VARIANTS[target]))
                 async with process([py, "-m", "proxy", "serve", "--config", str(cfg),
                                     "--port", "0"], tmp / f"{target}.log") as base:
                     runs.append(await replay(target, base, "x-proxy-queue-ms",
                                              base + "/admin/status", proxy_state, calls, s,
                                              upstream))
-            report(rule, runs, calls, args)
+            report(rule, runs, calls, args,
+                   [t.max_wait_s * args.wait_scale for t in shipped.scheduler.tiers])
     print(f"(logs and generated configs in {tmp})")
 
 
@@ -412,6 +447,7 @@ class Summary:
     makespan: float
     throughput: float
     idle_frac: float
+    free_mean: float
     errors: dict[str, int]
 
 
@@ -423,7 +459,7 @@ def summarize(run: Run, short_gen: int, speedup: float, capacity: int) -> Summar
     errors: dict[str, int] = {}
     for o in run.outcomes:
         if o.status != 200:
-            key = f"{TIERS[o.tier][0]} {o.status} {o.code}"
+            key = f"{TIERS[o.tier]} {o.status} {o.code}"
             errors[key] = errors.get(key, 0) + 1
     return Summary(
         waits=waits,
@@ -432,12 +468,14 @@ def summarize(run: Run, short_gen: int, speedup: float, capacity: int) -> Summar
         makespan=makespan,
         throughput=len(ok) / makespan,
         idle_frac=sum(1 for i in queued if i < capacity) / len(queued) if queued else 0.0,
+        free_mean=sum(capacity - i for i in queued) / len(queued) if queued else 0.0,
         errors=errors,
     )
 
 
-def report(rule: str, runs: Sequence[Run], calls: Sequence[Call],
-           args: argparse.Namespace) -> None:
+def report(rule: str, runs: Sequence[Run], calls: Sequence[Call], args: argparse.Namespace,
+           bounds: Sequence[float]) -> None:
+    """``bounds``: each tier's max_wait_s in trace seconds."""
     s, c = args.speedup, args.capacity
     short_gen = int(pct([call.gen for call in calls], 0.25))
     offered = sum(service_s(call.ctx, call.gen) for call in calls) / args.window[1]
@@ -449,32 +487,34 @@ def report(rule: str, runs: Sequence[Run], calls: Sequence[Call],
     sums = {}
     for run in runs:
         summary = sums[run.name] = summarize(run, short_gen, s, c)
-        for t, (name, _, _) in enumerate(TIERS):
+        for t, name in enumerate(TIERS):
             w = summary.waits[t]
             ok = sum(1 for o in run.outcomes if o.tier == t and o.status == 200)
             print(f"{run.name:8} {name:8} {len(w):6d} {ok:6d} {pct(w, 0.5):8.2f} "
                   f"{pct(w, 0.99):8.2f} {max(w, default=math.nan):8.2f}")
     print(f"\n{'target':8} {'mean':>7} {'shortp99':>8} {'makespan':>9} {'tput/s':>7} "
-          f"{'idle|q':>7} {'upst429':>7} {'peak':>5} {'util':>5} {'late':>6}  errors")
+          f"{'idle|q':>7} {'free|q':>6} {'upst429':>7} {'peak':>5} {'util':>5} {'late':>6}  errors")
     for run in runs:
         m = sums[run.name]
         up = run.upstream
         util = float(up.get("busy_s", 0.0)) * s / (c * m.makespan)
         print(f"{run.name:8} {m.mean:7.2f} {m.short_p99:8.2f} {m.makespan:9.1f} "
-              f"{m.throughput:7.2f} {m.idle_frac:7.3f} {int(up.get('refused', 0)):7d} "
+              f"{m.throughput:7.2f} {m.idle_frac:7.3f} {m.free_mean:6.2f} "
+              f"{int(up.get('refused', 0)):7d} "
               f"{int(up.get('peak', 0)):5d} {util:5.3f} {run.late_max_s:6.2f}  "
               f"{', '.join(f'{k} x{n}' for k, n in m.errors.items()) or '-'}")
-    print("mean / shortp99: wait of all calls / p99 of short calls; makespan: first send to "
-          "last completion; tput/s: completions per second; idle|q: share of 20 Hz samples "
-          "with work queued that saw a free slot; upst429/peak/util: upstream refusals, most "
-          "concurrent calls, busy slot time / (C x makespan); late: worst send lateness.")
+    print("mean / shortp99: wait of all calls / p99 of short calls; makespan: first send "
+          "to last completion; tput/s: completions per second; idle|q: share of 20 Hz samples "
+          "with work queued that saw a free slot, free|q: mean free slots in those; upst429 / "
+          "peak / util: upstream refusals, most concurrent calls, busy slot time / (C x "
+          "makespan); late: worst send lateness.")
     if "fcfs" in sums:
         for run in runs:
             if run.name != "fcfs":
-                print_checks(run, sums[run.name], runs[0], sums["fcfs"], args.wait_scale)
+                print_checks(run, sums[run.name], runs[0], sums["fcfs"], bounds)
 
 
-def print_checks(run: Run, p: Summary, fcfs: Run, f: Summary, wait_scale: float) -> None:
+def print_checks(run: Run, p: Summary, fcfs: Run, f: Summary, bounds: Sequence[float]) -> None:
     lost = sum(n for k, n in p.errors.items() if "queue_timeout" not in k)
     checks: list[tuple[str, float, Callable[[float], bool]]] = [
         ("top tier p99 wait, proxy/fcfs <= 0.10",
@@ -490,14 +530,15 @@ def print_checks(run: Run, p: Summary, fcfs: Run, f: Summary, wait_scale: float)
          lambda r: r == 0),
     ]
     for t in (1, 2):
-        checks.append((f"{TIERS[t][0]} p99 wait, proxy/fcfs <= 1 (issue: middle tiers)",
-                       _ratio(pct(p.waits[t], .99), pct(f.waits[t], .99)), lambda r: r <= 1))
+        served = [o.wait if o.status == 200 else math.inf for o in run.outcomes if o.tier == t]
+        checks.append((f"{TIERS[t]} p99 wait (refused = inf), proxy/fcfs <= 1 (issue)",
+                       _ratio(pct(served, .99), pct(f.waits[t], .99)), lambda r: r <= 1))
     print(f"\n  {run.name} vs fcfs:")
     for label, value, ok in checks:
         print(f"  {'MET ' if ok(value) else 'MISS'} {label}: {value:.3f}")
     timeouts = sum(n for k, n in p.errors.items() if "queue_timeout" in k)
     fcfs_over = sum(1 for o in fcfs.outcomes
-                    if o.status == 200 and o.wait > TIERS[o.tier][2] * wait_scale)
+                    if o.status == 200 and o.wait > bounds[o.tier])
     print(f"  {run.name} queue_timeouts: {timeouts}; FCFS calls that waited past their "
           f"tier's max_wait_s: {fcfs_over}")
 
@@ -522,12 +563,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("role", nargs="?", default="bench", choices=("bench", "upstream", "fcfs"))
     parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--config", type=Path, default=REPO / "routing.yaml",
+                        help="tiers, scheduler and estimate settings to scale (not providers)")
     parser.add_argument("--capacity", type=int, default=28, help="upstream slots C")
     parser.add_argument("--speedup", type=float, default=15.0)
     parser.add_argument("--window", type=float, nargs=2, default=(60.0, 600.0),
                         metavar=("START_S", "LENGTH_S"), help="trace window, trace seconds")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rules", default="random,size", help="tier rules: random,size")
+    parser.add_argument("--rules", default="random,size", help=f"tier rules, of {', '.join(RULES)}")
     parser.add_argument("--targets", default="fcfs,proxy",
                         help="fcfs, proxy, proxy-h0 (the proxy with headroom_scale 0)")
     parser.add_argument("--wait-scale", type=float, default=1.0,
@@ -544,14 +587,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         if target != "fcfs" and target not in PROXY_VARIANTS:
             parser.error(f"unknown target {target!r}")
     for rule in args.rules.split(","):
-        if rule not in ("random", "size"):
+        if rule not in RULES:
             parser.error(f"unknown rule {rule!r}")
+    shipped = load_config(args.config)
+    if tuple(t.name for t in shipped.tiers) != TIERS:
+        parser.error(f"{args.config}: the tier rules need the tiers {', '.join(TIERS)}")
     rows = load_trace(args.trace, *args.window)
     calls_by_rule = {
         rule: build_calls(rows, assign_tiers(rows, rule, args.seed))
         for rule in args.rules.split(",")
     }
-    run_async(bench(args, calls_by_rule))
+    run_async(bench(args, shipped, calls_by_rule))
 
 
 if __name__ == "__main__":
