@@ -177,8 +177,7 @@ async def _one_attempt(
     estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
                                                 plan.output_tokens)
     ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate)
-    provider_name = await service.admission.acquire(ticket)
-    try:
+    async with service.admission.slot(ticket) as provider_name:
         plan.queue_s += ticket.dispatched_at - ticket.arrived
         service.metrics.queue_wait.get(plan.tier_name).observe(
             ticket.dispatched_at - ticket.arrived
@@ -208,10 +207,6 @@ async def _one_attempt(
             outcome, verdict = result if result is not None else (None, "abandon")
             retry_after = outcome.retry_after_s if isinstance(outcome, Failure) else None
             _record_verdict(service, provider, deployment, verdict, retry_after, started)
-    finally:
-        service.admission.release(
-            provider_name, service.clock.now() - ticket.dispatched_at, ticket
-        )
 
 
 def _record_verdict(
