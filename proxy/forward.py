@@ -274,7 +274,7 @@ async def _call(
             return Failure(UpstreamError("upstream stream ended before any data")), "failure"
         ttft = service.clock.now() - started
         return await relay(service, request, plan, deployment, response, chunks, first,
-                            strip_usage, started, ttft)
+                           strip_usage, started, ttft, expect_done=path == "/chat/completions")
     except UpstreamError as exc:
         return Failure(exc), "failure"
     finally:

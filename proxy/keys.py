@@ -18,3 +18,4 @@ SERVICE = web.AppKey("service", Service)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 REQUEST_ID = web.RequestKey("request_id", str)
 TIER = web.RequestKey("tier", str)
+COMMITTED = web.RequestKey("committed", bool)  # the response head has gone to the client

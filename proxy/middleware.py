@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .errors import InvalidRequest, ProxyError, RequestTooLarge
-from .keys import REQUEST_ID, SERVICE, TIER
+from .keys import COMMITTED, REQUEST_ID, SERVICE, TIER
 
 log = logging.getLogger("proxy.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
@@ -93,6 +93,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception:  # the one place where an unexpected error becomes a 500
         log.exception("unhandled error in %s %s (request %s)", request.method, request.path,
                       request_id)
+        if request.get(COMMITTED):
+            # A response is half-sent: a second one would corrupt it. Hang up instead.
+            if request.transport is not None:
+                request.transport.abort()
+            raise
         error = ProxyError("The proxy failed unexpectedly; this is a bug.")
         return error_response(error, request_id, request.get(TIER))
     finally:

@@ -4,7 +4,6 @@ proxy asked for usage itself, editing) it as it passes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,8 +12,8 @@ import orjson
 from aiohttp import web
 
 from .accounting import account
-from .errors import UpstreamError
-from .keys import REQUEST_ID
+from .errors import UpstreamBadResponse, UpstreamError
+from .keys import COMMITTED, REQUEST_ID
 from .plan import Plan
 from .route import Deployment
 from .service import Service
@@ -123,6 +122,30 @@ async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) ->
         raise _ClientGone() from exc
 
 
+async def _prepare(response: web.StreamResponse, request: web.Request, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.prepare(request)
+    except (TimeoutError, ConnectionResetError) as exc:
+        raise _ClientGone() from exc
+
+
+async def _finish(response: web.StreamResponse, timeout_s: float) -> None:
+    """``write_eof`` drains the socket too: bounded like every other write."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write_eof()
+    except (TimeoutError, ConnectionResetError) as exc:
+        raise _ClientGone() from exc
+
+
+def _hang_up(request: web.Request) -> None:
+    """Close a connection whose client stopped reading, so nothing is left half-sent and
+    the stream cannot later look complete."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
 async def relay(
     service: Service,
     request: web.Request,
@@ -134,15 +157,18 @@ async def relay(
     strip_usage: bool,
     started: float,
     ttft: float,
+    expect_done: bool,
 ) -> tuple[web.StreamResponse, str]:
-    """Past the commit point: relay chunks as they come; errors become an SSE error event."""
+    """Past the commit point: relay chunks as they come; errors become an SSE error event.
+    With ``expect_done`` (chat completions) a stream that ends without ``[DONE]`` was cut."""
     answer = web.StreamResponse(headers=answer_headers(request, plan, deployment, response))
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
     tally = StreamTally(strip_usage)
     verdict = "success"
+    request[COMMITTED] = True
     try:
-        await answer.prepare(request)
+        await _prepare(answer, request, timeout_s)
         await _write(answer, tally.feed(first), timeout_s)
         async for chunk in chunks:
             data = tally.feed(chunk)
@@ -151,16 +177,24 @@ async def relay(
         rest = tally.flush()
         if rest:
             await _write(answer, rest, timeout_s)
-        await answer.write_eof()
+        if not tally.done and expect_done:
+            raise UpstreamBadResponse("the provider's stream ended without [DONE]")
+        await _finish(answer, timeout_s)
     except UpstreamError as exc:
         verdict = "failure"
         service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
-        with contextlib.suppress(_ClientGone):
-            await _write(answer, error_event(f"upstream stream failed: {exc.message}", exc.code),
-                         timeout_s)
+        # The blank lines close any event the upstream left half-written (after a whole
+        # event they are a no-op), so the error event always parses.
+        event = b"\n\n" + error_event(f"upstream stream failed: {exc.message}", exc.code)
+        try:
+            await _write(answer, event, timeout_s)
+            await _finish(answer, timeout_s)
+        except _ClientGone:
+            _hang_up(request)
     except _ClientGone:
         verdict = "abandon"
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
+        _hang_up(request)
     finally:
         response.close()
     usage = tally.usage or {}

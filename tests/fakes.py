@@ -53,7 +53,7 @@ class Seen:
 @dataclass
 class FakeUpstream:
     """Behaviour per call comes from ``script`` (then ``default``):
-    ok | 500 | 429 | 400 | stall | cut | slow | flood."""
+    ok | 500 | 429 | 400 | stall | cut | half | early_end | slow | flood."""
 
     default: str = "ok"
     script: deque[str] = field(default_factory=deque)
@@ -124,6 +124,15 @@ class FakeUpstream:
                 await response.write(sse_events(model, [padding], usage=False)[1])
         events = sse_events(model, self.words, usage)
         for i, event in enumerate(events):
+            if mode == "early_end" and i == 2:  # a clean close, but no [DONE]
+                await response.write_eof()
+                return response
+            if mode == "half" and i == 2:  # half an event, then the connection dies
+                await response.write(event[: len(event) // 2])
+                await asyncio.sleep(0.05)
+                assert request.transport is not None
+                request.transport.abort()
+                return response
             if mode == "cut" and i == 2:
                 assert request.transport is not None
                 request.transport.abort()

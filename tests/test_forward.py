@@ -170,6 +170,21 @@ async def test_mid_stream_cut_ends_with_an_error_event_and_no_done(
     await until(lambda: inflight(client) == 0)
 
 
+@pytest.mark.parametrize("mode", ["half", "early_end"])
+async def test_a_broken_stream_ends_with_an_error_event_that_parses(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter, mode: str
+) -> None:
+    client = await start(aiohttp_server, aiohttp_client, counter, FakeUpstream(default=mode))
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    text = (await (await client.post("/v1/chat/completions", json=body)).read()).decode()
+    assert "data: [DONE]" not in text
+    last = [e for e in text.split("\n\n") if e.strip()][-1]
+    assert last.startswith("data: ")
+    assert orjson.loads(last[len("data: "):])["error"]["code"] == "upstream_error"
+    metrics = client.app[SERVICE].metrics.render().decode()
+    assert 'proxy_upstream_attempts_total{outcome="failure",provider="p0"} 1.0' in metrics
+
+
 @pytest.mark.parametrize("mode", ["slow", "stall"])
 async def test_client_disconnect_cancels_upstream_and_frees_the_slot(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter, mode: str
