@@ -47,6 +47,7 @@ class Failure:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     retry_after_s: float | None = None
+    deployment: str = ""
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -59,6 +60,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
     service = request.app[SERVICE]
+    arrived = service.clock.now()
     principal = service.auth.authenticate(request.headers)
     call = parse_call(await request.read(), chat=chat)
     route = service.config.models.get(call.model)
@@ -86,7 +88,8 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     output_tokens = (
         service.outputs.expect(principal.name, call.model, call.max_tokens) if chat else 0
     )
-    plan = Plan(call, route, tier, tier_name, prompt_tokens, output_tokens, principal.name)
+    plan = Plan(call, route, tier, tier_name, prompt_tokens, output_tokens, principal.name,
+                arrived)
     return await _attempts(service, request, path, plan)
 
 
@@ -95,32 +98,41 @@ class Skip(enum.Enum):
 
     BUDGET_SPENT = "budget_spent"  # a retry the provider's retry budget refused
     RATE_LIMITED = "rate_limited"  # the provider's rpm/tpm allows no call now: queue again
+    BREAKER_OPEN = "breaker_open"  # the breaker opened while the call waited: route again
 
 
 async def _attempts(
     service: Service, request: web.Request, path: str, plan: Plan
 ) -> web.StreamResponse:
     retry = service.config.retry
+    max_wait_s = service.config.tiers[plan.tier].max_wait_s
     last: Failure | None = None
     attempt = requeued = 0
     while attempt < retry.max_attempts and requeued <= MAX_REQUEUES:
         now = service.clock.now()
+        left_s = plan.arrived + max_wait_s - now  # the tier's deadline spans every pass
         usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
                       service.deployment_stats(plan.route.candidates, now), service.rng)
         fresh = [d for d in usable if d.key not in plan.tried]
         if not fresh and attempt and usable:
-            # Only the deployments already tried are left: back off before trying again.
-            await asyncio.sleep(backoff_s(
+            # Only the deployments already tried are left: back off, then try again, if
+            # the budget allows a retry and the wait fits before the deadline.
+            pause_s = backoff_s(
                 attempt, service.rng, base=retry.backoff_base_s, cap=retry.backoff_max_s,
                 retry_after_s=last.retry_after_s if last else None,
-            ))
+            )
+            if pause_s >= left_s or service.providers[usable[0].provider].budget.available(
+                now
+            ) < 1:
+                break
+            await asyncio.sleep(pause_s)
             fresh = usable
         if not fresh:
             break
         if plan.route.degradation is not None:
             fresh = _degrade(service, plan, fresh)
         outcome = await _one_attempt(service, request, path, plan, fresh)
-        if outcome is Skip.RATE_LIMITED:
+        if outcome is Skip.RATE_LIMITED or outcome is Skip.BREAKER_OPEN:
             requeued += 1
             continue
         if outcome is Skip.BUDGET_SPENT:
@@ -176,7 +188,9 @@ async def _one_attempt(
     providers = tuple(dict.fromkeys(d.provider for d in ranked))
     estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
                                                 plan.output_tokens)
-    ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate)
+    max_wait_s = plan.arrived + service.config.tiers[plan.tier].max_wait_s - service.clock.now()
+    ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate,
+                    max_wait_s=max_wait_s)
     async with service.admission.slot(ticket) as provider_name:
         plan.queue_s += ticket.dispatched_at - ticket.arrived
         service.metrics.queue_wait.get(plan.tier_name).observe(
@@ -189,16 +203,16 @@ async def _one_attempt(
         if wait_s > 0:
             service.pause(provider_name, wait_s)
             return Skip.RATE_LIMITED
-        retry = any(key.startswith(provider_name + "/") for key in plan.tried)
-        plan.tried.add(deployment.key)
-        if retry:
-            if not provider.budget.try_retry(started):
-                return Skip.BUDGET_SPENT
-        else:
-            provider.budget.on_call(started)
         breaker = service.breakers[deployment.key]
-        if not breaker.acquire(started):
-            return Failure(UpstreamUnavailable(f"{deployment.key} became unavailable"))
+        if not breaker.available(started):
+            return Skip.BREAKER_OPEN
+        retry = any(key.startswith(provider_name + "/") for key in plan.tried)
+        if retry and not provider.budget.try_retry(started):
+            return Skip.BUDGET_SPENT
+        if not retry:
+            provider.budget.on_call(started)
+        plan.tried.add(deployment.key)
+        breaker.acquire(started)
         result: tuple[web.StreamResponse | Failure, str] | None = None
         try:
             result = await _call(service, request, path, plan, provider, deployment)
@@ -258,7 +272,7 @@ async def _call(
     _observe_quota(service, provider, deployment, response)
     try:
         if response.status == 429 or response.status >= 500:
-            return await _failed_response(response, service.clock.wall()), (
+            return await _failed_response(response, service.clock.wall(), deployment.key), (
                 "throttle" if response.status == 429 else "failure"
             )
         if not call.stream or response.status != 200:
@@ -309,7 +323,9 @@ def _upstream_body(
     return orjson.dumps(body)
 
 
-async def _failed_response(response: UpstreamResponse, wall_now: float) -> Failure:
+async def _failed_response(
+    response: UpstreamResponse, wall_now: float, deployment: str
+) -> Failure:
     body = await response.read()
     headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
     return Failure(
@@ -318,6 +334,7 @@ async def _failed_response(response: UpstreamResponse, wall_now: float) -> Failu
         body=body,
         headers=headers,
         retry_after_s=parse_retry_after(response.headers, wall_now),
+        deployment=deployment,
     )
 
 
@@ -325,6 +342,7 @@ def _final_failure(last: Failure, plan: Plan) -> web.StreamResponse:
     if last.status is None:
         raise last.error
     headers = dict(last.headers)
+    headers["x-proxy-upstream"] = last.deployment
     headers["x-proxy-tier"] = plan.tier_name
     headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
     return web.Response(body=last.body, status=last.status, headers=headers)

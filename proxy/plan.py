@@ -17,5 +17,6 @@ class Plan:
     prompt_tokens: int
     output_tokens: int
     key: str
+    arrived: float  # when the call reached the proxy: its tier's deadline counts from here
     queue_s: float = 0.0
     tried: set[str] = field(default_factory=set)

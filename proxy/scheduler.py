@@ -92,7 +92,10 @@ class Scheduler:
         ticket.current_tier = ticket.tier
         ticket.level = bisect.bisect_left(self._settings.level_bounds_s, ticket.est_service_s)
         ticket.arrived = ticket.entered_level = now
-        ticket.deadline = now + spec.max_wait_s
+        max_wait_s = spec.max_wait_s
+        if ticket.max_wait_s is not None:
+            max_wait_s = min(max_wait_s, max(ticket.max_wait_s, 0.0))
+        ticket.deadline = now + max_wait_s
         likely = next((p for p in ticket.candidates if self._available[p]),
                       ticket.candidates[0])
         self._headroom.record(likely, ticket.tier, ticket.est_service_s, now)

@@ -108,6 +108,7 @@ class Ticket:
     candidates: tuple[str, ...]
     est_service_s: float
     payload: object = None
+    max_wait_s: float | None = None  # shorter than the tier's, e.g. what is left of it
     state: TicketState = field(init=False, default=TicketState.NEW)
     current_tier: int = field(init=False, default=0)
     level: int = field(init=False, default=0)

@@ -99,6 +99,8 @@ class FakeUpstream:
     ) -> web.StreamResponse:
         model = body["model"]
         if mode in ("500", "400"):
+            if self.hold_s:
+                await asyncio.sleep(self.hold_s)
             return web.json_response(
                 {"error": {"message": f"fake {mode}", "type": "x", "param": None,
                            "code": f"fake_{mode}"}}, status=int(mode))

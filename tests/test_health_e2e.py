@@ -195,3 +195,44 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.005)
+
+
+async def test_breaker_opening_while_a_call_waits_gives_503_with_retry_after(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    dead = FakeUpstream(default="500", hold_s=0.2)
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"dead": dead},
+        provider_extra={"max_concurrency": 1,
+                        "breaker": {"consecutive_failures": 1, "cooldown_s": 30}},
+        retry={"max_attempts": 1},
+    )
+    first = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    await until(lambda: dead.active == 1)
+    second = await client.post("/v1/chat/completions", json=CHAT)
+    assert (await first).status == 500
+    assert second.status == 503
+    assert (await second.json())["error"]["code"] == "upstream_unavailable"
+    assert int(second.headers["retry-after"]) >= 20
+    assert len(dead.seen) == 1
+
+
+async def test_requeued_for_a_rate_limit_the_tier_deadline_still_holds(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"p": fake},
+        provider_extra={"rpm": 60}, tiers=[{"name": "only", "max_wait_s": 1.5}],
+    )
+    for _ in range(60):  # spend the burst; then one call a second
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+    async def timed() -> tuple[int, float]:
+        started = time.perf_counter()
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+        return resp.status, time.perf_counter() - started
+
+    results = await asyncio.gather(*(timed() for _ in range(5)))
+    assert {status for status, _ in results} == {200, 503}
+    assert max(elapsed for _, elapsed in results) < 1.5 + 0.4
