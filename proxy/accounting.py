@@ -33,7 +33,9 @@ def account(
     ttft_s: float | None,
     total_s: float,
 ) -> None:
-    prompt_tokens = prompt if isinstance(prompt, int) else plan.prompt_tokens
+    # Usage comes from the provider: take only what is plausible.
+    prompt_tokens = prompt if isinstance(prompt, int) and prompt >= 0 else plan.prompt_tokens
+    completion = max(completion, 0)
     metrics = service.metrics
     metrics.tokens.get(deployment.provider, "prompt").inc(prompt_tokens)
     metrics.tokens.get(deployment.provider, "completion").inc(completion)

@@ -65,7 +65,14 @@ def build_app(
             app[LIFECYCLE].draining = True
             await service.close()
 
+    async def drain(app: web.Application) -> None:
+        # Runs once the listener has stopped and before in-flight calls are awaited: calls
+        # still queued get a 503 with retry-after now, to retry on another replica.
+        app[LIFECYCLE].draining = True
+        app[SERVICE].admission.close()
+
     app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(drain)
     app.router.add_post("/v1/chat/completions", forward.chat_completions)
     app.router.add_post("/v1/embeddings", forward.embeddings)
     app.router.add_get("/v1/models", list_models)

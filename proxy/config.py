@@ -88,6 +88,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -96,6 +98,13 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 
 
 def parse_config(data: object, env: Mapping[str, str]) -> Config:
+    try:
+        return _parse(data, env)
+    except ValueError as exc:  # a typed object refused a value the reader let through
+        raise ConfigError(f"invalid value: {exc}") from exc
+
+
+def _parse(data: object, env: Mapping[str, str]) -> Config:
     root = Node(data, "", env)
     warnings: list[str] = []
     listen_node = root.node("listen")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .breaker import BreakerSettings
 from .config_policy import tier_index
-from .config_reader import UNSET, Node, fail
+from .config_reader import UNSET, Node, fail, interpolate
 from .route import STRATEGIES, Degradation, Deployment, ModelRoute
 from .simulated import SimSettings
 from .upstream import Timeouts
@@ -95,7 +95,12 @@ def _http_provider(
     api_key = node.secret("api_key", "")
     if api_key == "" and "${" in str(node.data.get("api_key", "")):
         api_key = UNSET  # a variable set to nothing is as good as unset
-    headers = {str(k): str(v) for k, v in node.mapping("headers").items()}
+    headers: dict[str, str] = {}
+    for header, raw in node.mapping("headers").items():
+        value = interpolate(str(raw), node.env)
+        if value is UNSET:
+            fail(f"{node.sub('headers')}.{header}", "uses an environment variable that is not set")
+        headers[header] = str(value)
     accepts = node.boolean("accepts_service_tier", kind in FORWARDED_SERVICE_TIERS)
     api_version = node.optional_string("api_version")
     if api_key is UNSET:

@@ -8,6 +8,7 @@ schema either turns into a warning (secrets: the provider or key is disabled) or
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Final, NoReturn
@@ -118,11 +119,14 @@ class Node:
         return self.integer(key, minimum=minimum) if self.raw(key) is not None else None
 
     def number(self, key: str, default: float | None = None, *, minimum: float = 0.0,
-               maximum: float | None = None, positive: bool = False) -> float:
+               maximum: float | None = None, positive: bool = False,
+               allow_infinite: bool = False) -> float:
         value = self._scalar(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             fail(self.sub(key), "must be a number")
         number = float(value)
+        if math.isnan(number) or (math.isinf(number) and not allow_infinite):
+            fail(self.sub(key), "must be a finite number")
         if number < minimum or (positive and number <= 0):
             rule = "a positive number" if positive else f">= {minimum}"
             fail(self.sub(key), f"must be {rule}")

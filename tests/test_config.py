@@ -76,6 +76,21 @@ def test_an_empty_key_variable_disables_the_provider() -> None:
     assert list(config.providers) == ["sim"] and len(config.warnings) == 1
 
 
+def test_provider_headers_expand_variables() -> None:
+    data = with_(providers=[{"name": "a", "base_url": "http://127.0.0.1:1/v1",
+                             "headers": {"X-Team": "${TEAM:-search}", "X-Id": "${ID}"}}],
+                 models={"m": [{"provider": "a", "model": "x"}]})
+    config = parse_config(data, {"ID": "42"})
+    assert config.providers["a"].headers == {"X-Team": "search", "X-Id": "42"}
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"listen: {host: \xff}\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(bad, env={})
+
+
 def test_keys_are_stored_as_digests() -> None:
     digest = hashlib.sha256(b"batch-key").hexdigest()
     data = with_(classify={"keys": [
@@ -125,6 +140,17 @@ def test_keys_are_stored_as_digests() -> None:
         (with_(schedules={"windows": [{"hours": "25-3"}]}),
          "schedules.windows[0].hours: must be START-END hours"),
         (with_(retry={"budget": 2}), "retry.budget: must be <= 1.0"),
+        (with_(tiers=[{"name": "a", "weight": float("inf")}]),
+         "tiers[0].weight: must be a finite number"),
+        (with_(providers=[{"name": "sim", "kind": "simulated",
+                           "timeouts": {"idle_s": float("nan")}}]),
+         "providers[0].timeouts.idle_s: must be a finite number"),
+        (with_(classify={"rules": [{"tier": "high", "match": {"header": {"X-A": []}}}]}),
+         "invalid value: rule header 'x-a' needs at least one value"),
+        (with_(providers=[{"name": "a", "base_url": "http://127.0.0.1:1/v1",
+                           "headers": {"X-Team": "${TEAM}"}}],
+               models={"m": [{"provider": "a", "model": "x"}]}),
+         "providers[0].headers.X-Team: uses an environment variable that is not set"),
         ([1, 2], "<root>: must be a mapping"),
     ],
 )

@@ -102,7 +102,11 @@ async def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(
         resp = await session.post(f"{base}/v1/chat/completions",
                                   json={**CHAT, "stream": True, "max_tokens": 20})
         assert (await resp.content.readany()).startswith(b"data: ")
+        queued = asyncio.create_task(session.post(f"{base}/v1/chat/completions", json=CHAT))
+        await asyncio.sleep(0.2)
         process.send_signal(signal.SIGTERM)
+        turned_away = await queued  # queued calls are told to retry elsewhere at once
+        assert turned_away.status == 503 and "retry-after" in turned_away.headers
         rest = await resp.read()
         assert rest.endswith(b"data: [DONE]\n\n")
     assert await asyncio.to_thread(process.wait, 20) == 0
