@@ -17,6 +17,8 @@ class ApiKey:
     name: str
     sha256: str  # hex digest of the key; keys are looked up by hash, never compared as text
     principal: Principal
+    rpm: int | None = None  # this key's own limits: 429 rate_limit_exceeded past them
+    tpm: int | None = None
 
 
 def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
@@ -62,7 +64,11 @@ def parse_classify(
             fail(f"{path}.name", f"duplicate key name {name!r}")
         if any(k.sha256 == digest for k in keys):
             fail(path, "the same key is listed twice")
-        keys.append(ApiKey(name, digest, Principal(name=name, tier=tier, max_tier=max_tier)))
+        keys.append(ApiKey(
+            name, digest, Principal(name=name, tier=tier, max_tier=max_tier),
+            rpm=key_node.optional_integer("rpm", minimum=1),
+            tpm=key_node.optional_integer("tpm", minimum=1),
+        ))
         key_node.check_unknown()
     rules = tuple(_rule(path, rule_node, names) for path, rule_node in node.items("rules"))
     node.check_unknown()

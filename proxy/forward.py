@@ -20,6 +20,7 @@ from .classify import RequestFacts, classify
 from .errors import (
     ModelNotFound,
     ProxyError,
+    RateLimited,
     Shed,
     UpstreamError,
     UpstreamUnavailable,
@@ -88,6 +89,13 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     output_tokens = (
         service.outputs.expect(principal.name, call.model, call.max_tokens) if chat else 0
     )
+    key_limits = service.key_limits.get(principal.name)
+    if key_limits is not None:
+        wait_s = key_limits.check(prompt_tokens + output_tokens, arrived)
+        if wait_s > 0:
+            raise RateLimited(
+                f"The key '{principal.name}' is over its rate limit.", retry_after=wait_s
+            )
     plan = Plan(call, route, tier, tier_name, prompt_tokens, output_tokens, principal.name,
                 arrived)
     return await _attempts(service, request, path, plan)

@@ -52,6 +52,10 @@ class Service:
         self.metrics = metrics or Metrics()
         self.rng = rng or random.Random()
         self.auth = Authenticator(config.keys, config.auth_required)
+        self.key_limits = {
+            key.name: ProviderLimits(key.rpm, key.tpm)
+            for key in config.keys if key.rpm is not None or key.tpm is not None
+        }
         self.providers = {
             name: ProviderRuntime(
                 config=provider,

@@ -236,3 +236,25 @@ async def test_requeued_for_a_rate_limit_the_tier_deadline_still_holds(
     results = await asyncio.gather(*(timed() for _ in range(5)))
     assert {status for status, _ in results} == {200, 503}
     assert max(elapsed for _, elapsed in results) < 1.5 + 0.4
+
+
+async def test_a_key_over_its_own_rate_limit_gets_429(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    fake = FakeUpstream()
+    client = await proxy_for(
+        aiohttp_server, aiohttp_client, counter, {"p": fake},
+        classify={"keys": [{"name": "app", "key": "k1", "rpm": 2},
+                           {"name": "other", "key": "k2"}]},
+    )
+    app_key, other_key = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=CHAT,
+                                  headers=app_key)).status == 200
+    limited = await client.post("/v1/chat/completions", json=CHAT, headers=app_key)
+    assert limited.status == 429
+    assert (await limited.json())["error"]["code"] == "rate_limit_exceeded"
+    assert 20 <= int(limited.headers["retry-after"]) <= 31
+    assert (await client.post("/v1/chat/completions", json=CHAT,
+                              headers=other_key)).status == 200
+    assert len(fake.seen) == 3
