@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="overrides listen.port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--access-log", action="store_true",
+                       help="log one line per request (tier, queue time, upstream)")
     check = commands.add_parser("check", help="validate a config and print a summary")
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     args = parser.parse_args(argv)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
     try:
-        run(config, host, port)
+        run(config, host, port, args.access_log)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -27,12 +27,18 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-async def serve(config: Config, host: str, port: int) -> None:
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{x-request-id}o" tier=%{x-proxy-tier}o ' \
+    'queue_ms=%{x-proxy-queue-ms}o upstream=%{x-proxy-upstream}o'
+
+
+async def serve(config: Config, host: str, port: int, access_log: bool = False) -> None:
     app = build_app(config)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to.
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None
+        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log=logging.getLogger("proxy.access") if access_log else None,
+        access_log_format=ACCESS_LOG_FORMAT,
     )
     await runner.setup()
     # Everything built so far lives as long as the process: keep it out of the collector's
@@ -61,10 +67,10 @@ async def serve(config: Config, host: str, port: int) -> None:
         await runner.cleanup()
 
 
-def run(config: Config, host: str, port: int) -> None:
+def run(config: Config, host: str, port: int, access_log: bool = False) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config, host, port, access_log))
     else:
-        uvloop.run(serve(config, host, port))
+        uvloop.run(serve(config, host, port, access_log))

@@ -110,3 +110,28 @@ async def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(
         rest = await resp.read()
         assert rest.endswith(b"data: [DONE]\n\n")
     assert await asyncio.to_thread(process.wait, 20) == 0
+
+
+async def test_access_log_names_tier_queue_time_and_upstream(tmp_path: Path) -> None:
+    config = tmp_path / "routing.yaml"
+    config.write_text(CONFIG)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
+         "--access-log"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
+        base = line.split()[-1].strip()
+        async with aiohttp.ClientSession() as session, session.post(
+            f"{base}/v1/chat/completions", json={**CHAT, "max_tokens": 1},
+            headers={"x-request-id": "trace-me"},
+        ) as resp:
+            assert resp.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(process.communicate, None, 20)
+    access = [entry for entry in err.splitlines() if "trace-me" in entry]
+    assert len(access) == 1
+    assert "tier=low" in access[0] and "upstream=slow/s" in access[0]
