@@ -27,7 +27,7 @@ from .errors import (
 )
 from .keys import SERVICE, TIER
 from .plan import Plan
-from .relay import HOP_BY_HOP, answer_headers, relay
+from .relay import answer_headers, passthrough_headers, relay
 from .request import Call, parse_call
 from .retry import backoff_s, parse_retry_after
 from .route import Deployment, degrade, rank
@@ -335,7 +335,7 @@ async def _failed_response(
     response: UpstreamResponse, wall_now: float, deployment: str
 ) -> Failure:
     body = await response.read()
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = passthrough_headers(response.headers)
     return Failure(
         UpstreamError(f"upstream answered {response.status}"),
         status=response.status,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -99,10 +99,19 @@ def error_event(message: str, code: str) -> bytes:
     ) + b"\n\n"
 
 
+def passthrough_headers(upstream: Mapping[str, str]) -> dict[str, str]:
+    """The upstream's response headers a client may see: no hop-by-hop ones (including
+    those its ``Connection`` header names), no cookies."""
+    named = {t.strip().lower() for t in upstream.get("connection", "").split(",")}
+    return {
+        k: v for k, v in upstream.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named
+    }
+
+
 def answer_headers(
     request: web.Request, plan: Plan, deployment: Deployment, response: UpstreamResponse
 ) -> dict[str, str]:
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = passthrough_headers(response.headers)
     headers["x-request-id"] = request[REQUEST_ID]
     headers["x-proxy-tier"] = plan.tier_name
     headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))

@@ -116,7 +116,8 @@ class FakeUpstream:
                 await asyncio.sleep(self.hold_s)
             self.completed += 1
             return web.json_response(completion(model), headers={
-                "set-cookie": "a=b", "x-upstream-extra": "1", **self.reply_headers})
+                "set-cookie": "a=b", "x-upstream-extra": "1", "connection": "keep-alive, x-hop",
+                "x-hop": "private", **self.reply_headers})
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
