@@ -32,7 +32,8 @@ def default_upstream(provider: Provider, session: aiohttp.ClientSession) -> Upst
         auth = {"api-key": provider.api_key} if provider.api_key else {}
     else:
         auth = {"authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
-    return HttpUpstream(session, provider.base_url, {**provider.headers, **auth}, provider.query)
+    return HttpUpstream(session, provider.base_url, {**provider.headers, **auth}, provider.query,
+                        provider.max_response_bytes)
 
 
 def build_app(

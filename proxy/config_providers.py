@@ -28,6 +28,7 @@ class Provider:
     query: Mapping[str, str] = field(default_factory=dict)
     timeouts: Timeouts = field(default_factory=Timeouts)
     accepts_service_tier: bool = False
+    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer, at most
     rpm: int | None = None
     tpm: int | None = None
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
@@ -102,6 +103,7 @@ def _http_provider(
             fail(f"{node.sub('headers')}.{header}", "uses an environment variable that is not set")
         headers[header] = str(value)
     accepts = node.boolean("accepts_service_tier", kind in FORWARDED_SERVICE_TIERS)
+    max_response_bytes = node.integer("max_response_bytes", 64 * 1024 * 1024, minimum=1)
     api_version = node.optional_string("api_version")
     if api_key is UNSET:
         warnings.append(
@@ -117,6 +119,7 @@ def _http_provider(
         fail(f"{path}.api_version", "only applies to kind azure")
     return Provider(
         base_url=base_url, api_key=str(api_key), headers=headers, query=query,
+        max_response_bytes=max_response_bytes,
         accepts_service_tier=accepts, **common,  # type: ignore[arg-type]
     )
 

@@ -69,8 +69,10 @@ class HttpUpstream:
         base_url: str,
         auth_headers: Mapping[str, str],
         query: Mapping[str, str] | None = None,
+        max_response_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._session = session
+        self._max_response_bytes = max_response_bytes
         self._base_url = base_url.rstrip("/")
         self._auth_headers = dict(auth_headers)
         self._query = dict(query or {})
@@ -104,7 +106,7 @@ class HttpUpstream:
             raise UpstreamBadResponse(
                 f"the provider's response was malformed ({type(exc).__name__})"
             ) from exc
-        return HttpResponse(response, timeouts, deadline)
+        return HttpResponse(response, timeouts, deadline, self._max_response_bytes)
 
     def _client_timeout(self, timeouts: Timeouts) -> aiohttp.ClientTimeout:
         client_timeout = self._client_timeouts.get(timeouts)
@@ -119,9 +121,11 @@ class HttpUpstream:
 
 class HttpResponse:
     def __init__(
-        self, response: aiohttp.ClientResponse, timeouts: Timeouts, deadline: float
+        self, response: aiohttp.ClientResponse, timeouts: Timeouts, deadline: float,
+        max_bytes: int,
     ) -> None:
         self._response = response
+        self._max_bytes = max_bytes
         self._timeouts = timeouts
         self._deadline = deadline
         self.status = response.status
@@ -130,7 +134,7 @@ class HttpResponse:
     async def read(self) -> bytes:
         try:
             async with asyncio.timeout_at(self._deadline):
-                return await self._response.read()
+                return await self._read_bounded()
         except TimeoutError as exc:
             raise UpstreamTimeout("response not complete in time") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -139,6 +143,21 @@ class HttpResponse:
             ) from exc
         finally:
             self.close()
+
+    async def _read_bounded(self) -> bytes:
+        length = self._response.content_length
+        if length is not None and length <= self._max_bytes:
+            return await self._response.read()
+        parts: list[bytes] = []
+        size = 0
+        async for part in self._response.content.iter_any():
+            size += len(part)
+            if size > self._max_bytes:
+                raise UpstreamBadResponse(
+                    f"the provider's response is larger than {self._max_bytes} bytes"
+                )
+            parts.append(part)
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         content = self._response.content

@@ -134,6 +134,22 @@ async def test_failover_before_first_byte(
     await until(lambda: inflight(client) == 0)
 
 
+async def test_an_oversized_upstream_answer_is_refused_and_the_next_candidate_serves(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    big, good = FakeUpstream(), FakeUpstream()  # its ~300-byte answer is over the 100 allowed
+    servers = [await aiohttp_server(big.app()), await aiohttp_server(good.app())]
+    config = config_from(
+        [provider("big", str(servers[0].make_url("/v1")), max_response_bytes=100),
+         provider("good", str(servers[1].make_url("/v1")))],
+        {"m": [{"provider": "big", "model": "x"}, {"provider": "good", "model": "y"}]},
+    )
+    client = await start(aiohttp_server, aiohttp_client, counter, config=config)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 200 and resp.headers["x-proxy-upstream"] == "good/y"
+    assert len(big.seen) == 1
+
+
 async def test_upstream_4xx_is_passed_through_without_retry(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
