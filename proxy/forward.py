@@ -96,8 +96,9 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
             raise RateLimited(
                 f"The key '{principal.name}' is over its rate limit.", retry_after=wait_s
             )
+    deadline = arrived + service.config.tiers[tier].max_wait_s
     plan = Plan(call, route, tier, tier_name, prompt_tokens, output_tokens, principal.name,
-                arrived)
+                deadline)
     return await _attempts(service, request, path, plan)
 
 
@@ -113,12 +114,10 @@ async def _attempts(
     service: Service, request: web.Request, path: str, plan: Plan
 ) -> web.StreamResponse:
     retry = service.config.retry
-    max_wait_s = service.config.tiers[plan.tier].max_wait_s
     last: Failure | None = None
     attempt = requeued = 0
     while attempt < retry.max_attempts and requeued <= MAX_REQUEUES:
         now = service.clock.now()
-        left_s = plan.arrived + max_wait_s - now  # the tier's deadline spans every pass
         usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
                       service.deployment_stats(plan.route.candidates, now), service.rng)
         fresh = [d for d in usable if d.key not in plan.tried]
@@ -129,9 +128,8 @@ async def _attempts(
                 attempt, service.rng, base=retry.backoff_base_s, cap=retry.backoff_max_s,
                 retry_after_s=last.retry_after_s if last else None,
             )
-            if pause_s >= left_s or service.providers[usable[0].provider].budget.available(
-                now
-            ) < 1:
+            budget = service.providers[usable[0].provider].budget
+            if now + pause_s >= plan.deadline or budget.available(now) < 1:
                 break
             await asyncio.sleep(pause_s)
             fresh = usable
@@ -196,9 +194,8 @@ async def _one_attempt(
     providers = tuple(dict.fromkeys(d.provider for d in ranked))
     estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
                                                 plan.output_tokens)
-    max_wait_s = plan.arrived + service.config.tiers[plan.tier].max_wait_s - service.clock.now()
     ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate,
-                    max_wait_s=max_wait_s)
+                    max_wait_s=plan.deadline - service.clock.now())
     async with service.admission.slot(ticket) as provider_name:
         plan.queue_s += ticket.dispatched_at - ticket.arrived
         service.metrics.queue_wait.get(plan.tier_name).observe(

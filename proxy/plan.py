@@ -17,6 +17,6 @@ class Plan:
     prompt_tokens: int
     output_tokens: int
     key: str
-    arrived: float  # when the call reached the proxy: its tier's deadline counts from here
+    deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
     queue_s: float = 0.0
     tried: set[str] = field(default_factory=set)
