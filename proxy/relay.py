@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import orjson
@@ -123,27 +123,12 @@ class _ClientGone(Exception):
     """The client stopped reading (write timed out) or disconnected."""
 
 
-async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
+    """One step of sending to the client (head, chunk, end: ``write_eof`` drains the socket
+    too), bounded by the write timeout."""
     try:
         async with asyncio.timeout(timeout_s):
-            await response.write(data)
-    except (TimeoutError, ConnectionResetError) as exc:
-        raise _ClientGone() from exc
-
-
-async def _prepare(response: web.StreamResponse, request: web.Request, timeout_s: float) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            await response.prepare(request)
-    except (TimeoutError, ConnectionResetError) as exc:
-        raise _ClientGone() from exc
-
-
-async def _finish(response: web.StreamResponse, timeout_s: float) -> None:
-    """``write_eof`` drains the socket too: bounded like every other write."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            await response.write_eof()
+            await step
     except (TimeoutError, ConnectionResetError) as exc:
         raise _ClientGone() from exc
 
@@ -177,18 +162,18 @@ async def relay(
     verdict = "success"
     request[COMMITTED] = True
     try:
-        await _prepare(answer, request, timeout_s)
-        await _write(answer, tally.feed(first), timeout_s)
+        await _to_client(answer.prepare(request), timeout_s)
+        await _to_client(answer.write(tally.feed(first)), timeout_s)
         async for chunk in chunks:
             data = tally.feed(chunk)
             if data:
-                await _write(answer, data, timeout_s)
+                await _to_client(answer.write(data), timeout_s)
         rest = tally.flush()
         if rest:
-            await _write(answer, rest, timeout_s)
+            await _to_client(answer.write(rest), timeout_s)
         if not tally.done and expect_done:
             raise UpstreamBadResponse("the provider's stream ended without [DONE]")
-        await _finish(answer, timeout_s)
+        await _to_client(answer.write_eof(), timeout_s)
     except UpstreamError as exc:
         verdict = "failure"
         service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
@@ -196,8 +181,8 @@ async def relay(
         # event they are a no-op), so the error event always parses.
         event = b"\n\n" + error_event(f"upstream stream failed: {exc.message}", exc.code)
         try:
-            await _write(answer, event, timeout_s)
-            await _finish(answer, timeout_s)
+            await _to_client(answer.write(event), timeout_s)
+            await _to_client(answer.write_eof(), timeout_s)
         except _ClientGone:
             _hang_up(request)
     except _ClientGone:
