@@ -235,20 +235,19 @@ def _record_verdict(
     now = service.clock.now()
     breaker = service.breakers[deployment.key]
     service.metrics.attempts.get(deployment.provider, verdict).inc()
+    limit = provider.concurrency.limit
     if verdict == "success":
         breaker.on_success(now, started)
-        limit = provider.concurrency.limit
-        if provider.concurrency.on_success(now) != limit:
-            service.set_limit(deployment.provider, provider.concurrency.limit)
+        provider.concurrency.on_success(now)
     elif verdict == "failure":
         breaker.on_failure(now, started)
     elif verdict == "throttle":
         breaker.on_throttle(now, retry_after_s, started)
-        limit = provider.concurrency.limit
-        if provider.concurrency.on_throttle(now) != limit:
-            service.set_limit(deployment.provider, provider.concurrency.limit)
+        provider.concurrency.on_throttle(now)
     else:
         breaker.on_abandon(now, started)
+    if provider.concurrency.limit != limit:
+        service.set_limit(deployment.provider, provider.concurrency.limit)
 
 
 async def _call(
