@@ -173,9 +173,7 @@ class HttpResponse:
                     raise UpstreamBadResponse(
                         f"the provider's stream broke ({type(exc).__name__})"
                     ) from exc
-                if not data:
-                    if not self._response.content.is_eof():
-                        raise UpstreamBadResponse("upstream stream ended early")
+                if not data:  # end of the body
                     return
                 yield data
                 deadline = asyncio.get_running_loop().time() + self._timeouts.idle_s
