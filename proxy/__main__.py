@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: ok")
         print(_summary(config))
         return 0
-    from .server import run
+    from .http.server import run
 
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.app import build_app
 from proxy.config import parse_config
-from proxy.keys import SERVICE
+from proxy.http.app import build_app
+from proxy.http.state import SERVICE
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 REPLY = {"id": "x", "object": "chat.completion", "created": 0, "model": "x",

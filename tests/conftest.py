@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Config, parse_config
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 
 
 @pytest.fixture(scope="session")

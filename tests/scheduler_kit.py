@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
+from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))
 

@@ -9,10 +9,9 @@ from typing import TypeVar
 
 import pytest
 
-from proxy.admission import Admission
-from proxy.clock import FakeClock, SystemClock
-from proxy.errors import Evicted, Overloaded, QueueFull, QueueTimeout
-from proxy.scheduler import (
+from proxy.core.clock import FakeClock, SystemClock
+from proxy.core.errors import Evicted, Overloaded, QueueFull, QueueTimeout
+from proxy.core.scheduler import (
     Dispatch,
     Rejection,
     Scheduler,
@@ -21,6 +20,7 @@ from proxy.scheduler import (
     TicketState,
     TierSpec,
 )
+from proxy.http.admission import Admission
 
 T = TypeVar("T")
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))

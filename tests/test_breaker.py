@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.breaker import Breaker, BreakerSettings, State
+from proxy.core.breaker import Breaker, BreakerSettings, State
 
 CLOSED, OPEN, HALF = State.CLOSED, State.OPEN, State.HALF_OPEN
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.classify import (
+from proxy.core.classify import (
     Classification,
     ClassifySettings,
     Principal,

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import ClientSession, TCPConnector, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import build_app
 from proxy.config import Config
-from proxy.keys import SERVICE
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.http.app import build_app
+from proxy.http.state import SERVICE
 
 from .conftest import config_from
 from .fakes import FakeUpstream, completion, sse_events

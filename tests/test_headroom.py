@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from proxy.scheduler import Dispatch, Ticket, TicketState, TierSpec
+from proxy.core.scheduler import Dispatch, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, make, occupy, ticket, urgent_flow
 
 

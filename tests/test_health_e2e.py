@@ -10,9 +10,9 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from proxy.app import build_app
-from proxy.keys import SERVICE
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.http.app import build_app
+from proxy.http.state import SERVICE
 
 from .conftest import config_from
 from .fakes import FakeUpstream

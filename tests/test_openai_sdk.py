@@ -10,8 +10,8 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.app import build_app
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.http.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.breaker import Breaker, BreakerSettings, State
-from proxy.route import (
+from proxy.core.breaker import Breaker, BreakerSettings, State
+from proxy.core.route import (
     STRATEGIES,
     Decision,
     Degradation,

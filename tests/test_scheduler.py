@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proxy.scheduler import (
+from proxy.core.scheduler import (
     Dispatch,
     SchedulerSettings,
     Ticket,

@@ -12,7 +12,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from proxy.scheduler import (
+from proxy.core.scheduler import (
     Dispatch,
     Rejection,
     Scheduler,

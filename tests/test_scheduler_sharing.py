@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from proxy.scheduler import Dispatch, Ticket, TierSpec
+from proxy.core.scheduler import Dispatch, Ticket, TierSpec
 from tests.scheduler_kit import drain, make, occupy, ticket
 
 

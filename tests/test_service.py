@@ -6,10 +6,11 @@ import asyncio
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from proxy.clock import FakeClock
-from proxy.service import Service
-from proxy.simulated import SimSettings, SimulatedUpstream
-from proxy.tokens import TokenCounter
+from proxy.core.clock import FakeClock
+from proxy.core.provider import SimSettings
+from proxy.core.tokens import TokenCounter
+from proxy.http.service import Service
+from proxy.http.simulated import SimulatedUpstream
 
 from .conftest import config_from
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from .estimate import relative_error
-from .plan import Plan
-from .route import Deployment
+from ..core.estimate import relative_error
+from ..core.plan import Plan
+from ..core.route import Deployment
 from .service import Service
 
 

@@ -9,15 +9,15 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from ..config import Config, Provider
+from ..core.clock import Clock, SystemClock
+from ..core.tokens import TokenCounter
 from . import forward
-from .clock import Clock, SystemClock
-from .config import Config, Provider
 from .dashboard import DASHBOARD_HTML
-from .keys import LIFECYCLE, SERVICE, Lifecycle
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .service import Service
 from .simulated import SimulatedUpstream
-from .tokens import TokenCounter
+from .state import LIFECYCLE, SERVICE, Lifecycle
 from .upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)

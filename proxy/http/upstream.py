@@ -17,15 +17,8 @@ from typing import Protocol
 
 import aiohttp
 
-from .errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    connect_s: float = 10.0
-    first_byte_s: float = 60.0
-    idle_s: float = 60.0
-    response_s: float = 600.0
+from ..core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
+from ..core.provider import Timeouts
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,20 @@ from pathlib import Path
 
 import yaml
 
-from .classify import ClassifySettings
-from .config_policy import ApiKey, parse_classify, parse_schedules
-from .config_providers import Provider, parse_models, parse_providers
-from .config_reader import ConfigError, Node, fail
-from .estimate import (
+from ..core.classify import ClassifySettings
+from ..core.estimate import (
     DEFAULT_OUTPUT_PRIOR,
     DEFAULT_PREFILL_SECONDS_PER_TOKEN,
     DEFAULT_SECONDS_PER_TOKEN_PRIOR,
     DEFAULT_TTFT_PRIOR_S,
 )
-from .route import ModelRoute
-from .scheduler import SchedulerSettings, TierSpec
-from .schedules import Schedule
+from ..core.provider import Provider
+from ..core.route import ModelRoute
+from ..core.scheduler import SchedulerSettings, TierSpec
+from ..core.schedules import Schedule
+from .policy import ApiKey, parse_classify, parse_schedules
+from .providers import parse_models, parse_providers
+from .reader import ConfigError, Node, fail
 
 __all__ = ["ApiKey", "Config", "ConfigError", "Provider", "load_config", "parse_config"]
 

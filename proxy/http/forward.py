@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from .accounting import account_json
-from .classify import RequestFacts, classify
-from .errors import (
+from ..core.classify import RequestFacts, classify
+from ..core.errors import (
     ModelNotFound,
     ProxyError,
     RateLimited,
@@ -25,14 +24,15 @@ from .errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from .keys import SERVICE, TIER
-from .plan import Plan
+from ..core.plan import Plan
+from ..core.request import Call, parse_call
+from ..core.retry import backoff_s, parse_retry_after
+from ..core.route import Deployment, degrade, rank
+from ..core.scheduler import Ticket
+from .accounting import account_json
 from .relay import answer_headers, passthrough_headers, relay
-from .request import Call, parse_call
-from .retry import backoff_s, parse_retry_after
-from .route import Deployment, degrade, rank
-from .scheduler import Ticket
 from .service import ProviderRuntime, Service
+from .state import SERVICE, TIER
 from .upstream import UpstreamRequest, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent", "x-request-id")

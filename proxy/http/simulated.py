@@ -14,25 +14,14 @@ import random
 import time
 import zlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 
 import orjson
 
-from .upstream import Timeouts, UpstreamRequest
+from ..core.provider import SimSettings, Timeouts
+from .upstream import UpstreamRequest
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 _CHUNK_BATCH_S = 0.005  # below this pace, emit several tokens per await (keeps fast sims cheap)
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    ttft_s: float = 0.2
-    tokens_per_s: float = 50.0
-    prefill_tokens_per_s: float = 0.0  # 0 = prompt length does not matter
-    default_output_tokens: int = 64
-    error_rate: float = 0.0  # fraction of calls answered 500
-    capacity: int | None = None  # concurrent calls before answering 429
-    seed: int | None = None
 
 
 class SimulatedUpstream:

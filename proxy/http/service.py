@@ -9,19 +9,19 @@ import zoneinfo
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..config import Config, Provider
+from ..core.breaker import Breaker, State
+from ..core.clock import Clock
+from ..core.estimate import LatencyModel, OutputEstimator
+from ..core.limits import AdaptiveConcurrency, ProviderLimits
+from ..core.retry import RetryBudget
+from ..core.route import Deployment, DeploymentStats
+from ..core.scheduler import Scheduler
+from ..core.schedules import Schedule, active, next_change
+from ..core.tokens import TokenCounter
 from .admission import Admission
 from .auth import Authenticator
-from .breaker import Breaker, State
-from .clock import Clock
-from .config import Config, Provider
-from .estimate import LatencyModel, OutputEstimator
-from .limits import AdaptiveConcurrency, ProviderLimits
 from .metrics import Metrics
-from .retry import RetryBudget
-from .route import Deployment, DeploymentStats
-from .scheduler import Scheduler
-from .schedules import Schedule, active, next_change
-from .tokens import TokenCounter
 from .upstream import Upstream
 
 BREAKER_GAUGE = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}

@@ -7,9 +7,9 @@ import re
 import zoneinfo
 from dataclasses import dataclass
 
-from .classify import ClassifySettings, Principal, Rule
-from .config_reader import UNSET, Node, fail
-from .schedules import Schedule
+from ..core.classify import ClassifySettings, Principal, Rule
+from ..core.schedules import Schedule
+from .reader import UNSET, Node, fail
 
 
 @dataclass(frozen=True)

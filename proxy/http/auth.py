@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from .classify import Principal
-from .config import ApiKey
-from .errors import InvalidApiKey
+from ..config import ApiKey
+from ..core.classify import Principal
+from ..core.errors import InvalidApiKey
 
 ANONYMOUS = Principal(name="anonymous")
 

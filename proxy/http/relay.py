@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..core.errors import UpstreamBadResponse, UpstreamError
+from ..core.plan import Plan
+from ..core.route import Deployment
 from .accounting import account
-from .errors import UpstreamBadResponse, UpstreamError
-from .keys import COMMITTED, REQUEST_ID
-from .plan import Plan
-from .route import Deployment
 from .service import Service
+from .state import COMMITTED, REQUEST_ID
 from .upstream import UpstreamResponse
 
 HOP_BY_HOP = frozenset({

@@ -12,8 +12,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from .errors import InvalidRequest, ProxyError, RequestTooLarge
-from .keys import COMMITTED, REQUEST_ID, SERVICE, TIER
+from ..core.errors import InvalidRequest, ProxyError, RequestTooLarge
+from .state import COMMITTED, REQUEST_ID, SERVICE, TIER
 
 log = logging.getLogger("proxy.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")

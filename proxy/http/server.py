@@ -11,9 +11,9 @@ import signal
 
 from aiohttp import web
 
+from ..config import Config
 from .app import build_app
-from .config import Config
-from .keys import LIFECYCLE
+from .state import LIFECYCLE
 
 log = logging.getLogger(__name__)
 

@@ -4,35 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from .breaker import BreakerSettings
-from .config_policy import tier_index
-from .config_reader import UNSET, Node, fail, interpolate
-from .route import STRATEGIES, Degradation, Deployment, ModelRoute
-from .simulated import SimSettings
-from .upstream import Timeouts
+from ..core.breaker import BreakerSettings
+from ..core.provider import Provider, SimSettings, Timeouts
+from ..core.route import STRATEGIES, Degradation, Deployment, ModelRoute
+from .policy import tier_index
+from .reader import UNSET, Node, fail, interpolate
 
 PROVIDER_KINDS = ("openai", "azure", "simulated")
 FORWARDED_SERVICE_TIERS = ("openai",)
-
-
-@dataclass(frozen=True)
-class Provider:
-    name: str
-    kind: str
-    max_concurrency: int
-    base_url: str = ""
-    api_key: str = field(default="", repr=False)
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    query: Mapping[str, str] = field(default_factory=dict)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    accepts_service_tier: bool = False
-    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer, at most
-    rpm: int | None = None
-    tpm: int | None = None
-    breaker: BreakerSettings = field(default_factory=BreakerSettings)
-    sim: SimSettings | None = None
 
 
 def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider], set[str]]:

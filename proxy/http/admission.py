@@ -13,9 +13,9 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-from .clock import Clock
-from .errors import Evicted, Overloaded, QueueFull, QueueTimeout
-from .scheduler import Dispatch, Rejection, Scheduler, Ticket, TicketState
+from ..core.clock import Clock
+from ..core.errors import Evicted, Overloaded, QueueFull, QueueTimeout
+from ..core.scheduler import Dispatch, Rejection, Scheduler, Ticket, TicketState
 
 _ERRORS: dict[str, type[Overloaded]] = {
     "queue_full": QueueFull,

@@ -1,0 +1,45 @@
+"""What the proxy knows about one provider: limits, timers, health settings, simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .breaker import BreakerSettings
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 10.0
+    first_byte_s: float = 60.0
+    idle_s: float = 60.0
+    response_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    ttft_s: float = 0.2
+    tokens_per_s: float = 50.0
+    prefill_tokens_per_s: float = 0.0  # 0 = prompt length does not matter
+    default_output_tokens: int = 64
+    error_rate: float = 0.0  # fraction of calls answered 500
+    capacity: int | None = None  # concurrent calls before answering 429
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    kind: str
+    max_concurrency: int
+    base_url: str = ""
+    api_key: str = field(default="", repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    query: Mapping[str, str] = field(default_factory=dict)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    accepts_service_tier: bool = False
+    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer, at most
+    rpm: int | None = None
+    tpm: int | None = None
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    sim: SimSettings | None = None

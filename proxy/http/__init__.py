@@ -1,0 +1,1 @@
+"""The aiohttp driver: the server, the request path and the upstream calls."""

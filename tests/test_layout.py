@@ -1,0 +1,100 @@
+"""The import contract: the arrows between the folders point one way.
+
+- ``proxy.core`` is pure: nothing of asyncio, aiohttp or redis, nothing from the drivers
+  or the config reader, directly or through a dependency.
+- ``proxy.config`` reads YAML into ``core``'s value types: it imports ``core`` only.
+- The drivers (``proxy.http``) import ``core`` and ``config``, never each other's insides
+  the other way round.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "proxy"
+IO_LIBRARIES = ("asyncio", "aiohttp", "redis", "uvloop")
+# Which proxy folders each folder may import from.
+ALLOWED = {
+    "core": {"core"},
+    "config": {"core", "config"},
+    "http": {"core", "config", "http"},
+}
+
+
+def proxy_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in ``path``, relative ones resolved."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join((*base, node.module)) if node.module else ".".join(base)
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+    return found
+
+
+def folder_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "proxy" and len(parts) > 1 else None
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_folders_import_only_what_they_may(folder: str) -> None:
+    wrong = []
+    for path in sorted((PACKAGE / folder).rglob("*.py")):
+        for line, module in proxy_imports(path):
+            target = folder_of(module)
+            top = module.split(".")[0]
+            if target is not None and target not in ALLOWED[folder]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+            if folder == "core" and top in IO_LIBRARIES:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert wrong == []
+
+
+def test_the_static_check_resolves_relative_imports(tmp_path: Path) -> None:
+    path = PACKAGE / "core" / "scheduler.py"
+    modules = {module for _, module in proxy_imports(path)}
+    assert "proxy.core.headroom" in modules
+
+
+# A fresh interpreter: the test process itself has long since imported asyncio.
+PROBE = """
+import importlib, json, pkgutil, sys
+import proxy.core
+for info in pkgutil.iter_modules(proxy.core.__path__, "proxy.core."):
+    importlib.import_module(info.name)
+print(json.dumps(sorted(
+    name for name in sys.modules
+    if name.split(".")[0] in sys.argv[1:] or name.startswith(("proxy.http", "proxy.config"))
+)))
+"""
+
+
+def test_core_pulls_in_no_io_library_even_indirectly() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *IO_LIBRARIES], capture_output=True, text=True,
+        timeout=60, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_the_probe_would_see_a_forbidden_import() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.replace("import proxy.core", "import proxy.core, asyncio"),
+         *IO_LIBRARIES], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )
+    assert "asyncio" in json.loads(result.stdout)
