@@ -21,7 +21,7 @@ def _summary(config: Config) -> str:
             for p in config.providers.values()
         ),
         "models: " + ", ".join(
-            f"{name} -> {' | '.join(d.key for d in route.candidates) or 'nothing enabled'}"
+            f"{name} -> {' | '.join(d.id for d in route.candidates) or 'nothing enabled'}"
             for name, route in config.models.items()
         ),
     ]

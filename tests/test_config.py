@@ -34,7 +34,7 @@ def test_defaults_for_a_minimal_file() -> None:
     assert config.listen.host == "127.0.0.1" and config.listen.port == 8080
     assert config.tier_names == ("critical", "high", "normal", "low")
     assert config.classify.default_tier == 2
-    assert config.models["m"].candidates[0].key == "sim/small"
+    assert config.models["m"].candidates[0].id == "sim/small"
     assert config.keys == ()
 
 
@@ -61,7 +61,7 @@ def test_unset_provider_key_disables_provider_with_one_warning() -> None:
     )
     config = parse_config(data, {})
     assert list(config.providers) == ["sim"]
-    assert [d.key for d in config.models["m"].candidates] == ["sim/s"]
+    assert [d.id for d in config.models["m"].candidates] == ["sim/s"]
     assert len(config.warnings) == 1 and "OPENAI_API_KEY" not in config.warnings[0]
     assert "providers[0].api_key" in config.warnings[0]
 

@@ -36,11 +36,11 @@ def stats(
 
 
 def keys(deployments: list[Deployment] | tuple[Deployment, ...]) -> list[str]:
-    return [d.key for d in deployments]
+    return [d.id for d in deployments]
 
 
 def test_deployment_key_and_cost() -> None:
-    assert PREMIUM.key == "premium/big"
+    assert PREMIUM.id == "premium/big"
     # 1,000 prompt tokens at $5/M + 500 output tokens at $15/M
     assert PREMIUM.cost(1000, 500) == pytest.approx(0.005 + 0.0075)
     assert FREE.cost(10**6, 10**6) == 0.0
@@ -53,31 +53,31 @@ RANKS = {
     "least_busy by utilisation, not raw inflight": (
         "least_busy",
         {
-            PREMIUM.key: stats(inflight=5, limit=10),  # 50 %
-            MID.key: stats(inflight=1, limit=2),  # 50 %, later in the list
-            BUDGET.key: stats(inflight=9, limit=100),  # 9 %
-            FREE.key: stats(inflight=1, limit=1),  # 100 %
+            PREMIUM.id: stats(inflight=5, limit=10),  # 50 %
+            MID.id: stats(inflight=1, limit=2),  # 50 %, later in the list
+            BUDGET.id: stats(inflight=9, limit=100),  # 9 %
+            FREE.id: stats(inflight=1, limit=1),  # 100 %
         },
         (BUDGET, PREMIUM, MID, FREE),
     ),
     "least_busy: zero limit last, no stats counts as idle": (
         "least_busy",
-        {PREMIUM.key: stats(limit=0), MID.key: stats(inflight=3)},
+        {PREMIUM.id: stats(limit=0), MID.id: stats(inflight=3)},
         (BUDGET, FREE, MID, PREMIUM),
     ),
     "lowest_latency, unmeasured first to get measured": (
         "lowest_latency",
-        {PREMIUM.key: stats(ttft_s=0.9), MID.key: stats(ttft_s=0.2), BUDGET.key: stats(ttft_s=0.5)},
+        {PREMIUM.id: stats(ttft_s=0.9), MID.id: stats(ttft_s=0.2), BUDGET.id: stats(ttft_s=0.5)},
         (FREE, MID, BUDGET, PREMIUM),
     ),
     "unavailable ones are moved out, whatever the strategy": (
         "cheapest",
-        {FREE.key: stats(available=False), MID.key: stats(available=False)},
+        {FREE.id: stats(available=False), MID.id: stats(available=False)},
         (BUDGET, PREMIUM),
     ),
     "everything unavailable gives an empty list": (
         "best_quality",
-        {d.key: stats(available=False) for d in ALL},
+        {d.id: stats(available=False) for d in ALL},
         (),
     ),
 }
@@ -133,14 +133,14 @@ MAX_COST = {
         ALL,
     ),
     "a budget does not resurrect unavailable deployments": (
-        ("ordered", 0.003, {BUDGET.key: stats(available=False)}),
+        ("ordered", 0.003, {BUDGET.id: stats(available=False)}),
         (MID, FREE),
     ),
     "within budget but all down: empty, not a dearer one": (
         (
             "ordered",
             0.003,
-            {k: stats(available=False) for k in (MID.key, BUDGET.key, FREE.key)},
+            {k: stats(available=False) for k in (MID.id, BUDGET.id, FREE.id)},
         ),
         (),
     ),
@@ -162,7 +162,7 @@ def test_max_cost(
     [
         ({}, [BUDGET]),
         # The budget is policy, not availability: the cheapest stays the only choice.
-        ({BUDGET.key: stats(available=False)}, []),
+        ({BUDGET.id: stats(available=False)}, []),
     ],
 )
 def test_nothing_within_budget_keeps_the_single_cheapest(
@@ -178,9 +178,9 @@ def test_weighted_picks_first_in_proportion_to_weight() -> None:
     never = Deployment("c", "never", weight=0.0)
     route = ModelRoute("m", (never, light, heavy), strategy="weighted")
     rng = random.Random(42)
-    firsts = Counter(rank(route, "normal", 1, 1, {}, rng)[0].key for _ in range(4000))
-    assert firsts[never.key] == 0
-    assert firsts[heavy.key] / 4000 == pytest.approx(0.75, abs=0.03)
+    firsts = Counter(rank(route, "normal", 1, 1, {}, rng)[0].id for _ in range(4000))
+    assert firsts[never.id] == 0
+    assert firsts[heavy.id] / 4000 == pytest.approx(0.75, abs=0.03)
 
 
 def test_weighted_puts_zero_weights_last() -> None:
@@ -193,7 +193,7 @@ def test_weighted_puts_zero_weights_last() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     strategy=st.sampled_from(STRATEGIES),
-    down=st.sets(st.sampled_from([d.key for d in ALL])),
+    down=st.sets(st.sampled_from([d.id for d in ALL])),
     budget=st.none() | st.floats(0.0, 0.05),
     seed=st.integers(0, 1000),
 )
@@ -203,10 +203,10 @@ def test_rank_returns_available_candidates_without_duplicates(
     route = ModelRoute(
         "m", ALL, strategy=strategy, max_cost={} if budget is None else {"normal": budget}
     )
-    live = {d.key: stats(available=d.key not in down, ttft_s=0.1) for d in ALL}
+    live = {d.id: stats(available=d.id not in down, ttft_s=0.1) for d in ALL}
     ranked = rank(route, "normal", 1000, 1000, live, random.Random(seed))
     assert len(set(keys(ranked))) == len(ranked)
-    assert all(d in ALL and d.key not in down for d in ranked)
+    assert all(d in ALL and d.id not in down for d in ranked)
     if budget is None:
         assert len(ranked) == len(ALL) - len(down)
 
@@ -225,39 +225,39 @@ def test_a_model_with_no_enabled_candidates_ranks_empty() -> None:
 
 # Degradation: premium preferred; budget and sim are the allowed backups for normal/low.
 POLICY = Degradation(
-    max_wait_s=10.0, allow=(BUDGET.key, FREE.key), shed_wait_s=60.0, tiers=("normal", "low")
+    max_wait_s=10.0, allow=(BUDGET.id, FREE.id), shed_wait_s=60.0, tiers=("normal", "low")
 )
 ROUTE = ModelRoute("m", (PREMIUM, BUDGET, FREE), degradation=POLICY)
 
 DEGRADE = {
     "short preferred wait: wait on the preferred only": (
         "normal",
-        {PREMIUM.key: 3.0, BUDGET.key: 0.0},
+        {PREMIUM.id: 3.0, BUDGET.id: 0.0},
         Decision("wait", (PREMIUM,)),
     ),
     "long preferred wait, quick backup: degrade, quickest backup first": (
         "normal",
-        {PREMIUM.key: 30.0, BUDGET.key: 5.0, FREE.key: 1.0},
+        {PREMIUM.id: 30.0, BUDGET.id: 5.0, FREE.id: 1.0},
         Decision("degrade", (FREE, BUDGET, PREMIUM)),
     ),
     "backups no quicker than the preferred: wait": (
         "normal",
-        {PREMIUM.key: 30.0, BUDGET.key: 30.0, FREE.key: 40.0},
+        {PREMIUM.id: 30.0, BUDGET.id: 30.0, FREE.id: 40.0},
         Decision("wait", (PREMIUM,)),
     ),
     "only quicker backups are offered": (
         "low",
-        {PREMIUM.key: 30.0, BUDGET.key: 50.0, FREE.key: 20.0},
+        {PREMIUM.id: 30.0, BUDGET.id: 50.0, FREE.id: 20.0},
         Decision("degrade", (FREE, PREMIUM)),
     ),
     "every wait beyond shed_wait_s: shed with the shortest wait as retry-after": (
         "normal",
-        {PREMIUM.key: 300.0, BUDGET.key: 90.0, FREE.key: 120.0},
+        {PREMIUM.id: 300.0, BUDGET.id: 90.0, FREE.id: 120.0},
         Decision("shed", (), retry_after_s=90.0),
     ),
     "a tier the policy does not cover: wait on everything ranked": (
         "critical",
-        {PREMIUM.key: 300.0, BUDGET.key: 90.0, FREE.key: 120.0},
+        {PREMIUM.id: 300.0, BUDGET.id: 90.0, FREE.id: 120.0},
         Decision("wait", (PREMIUM, BUDGET, FREE)),
     ),
     "missing waits count as zero": (
@@ -274,8 +274,8 @@ def test_degrade(tier: str, waits: dict[str, float], expected: Decision) -> None
 
 
 def test_degrade_when_the_preferred_deployment_is_down() -> None:
-    ranked = rank(ROUTE, "normal", 10, 10, {PREMIUM.key: stats(available=False)}, random.Random(0))
-    decision = degrade(ROUTE, "normal", ranked, {BUDGET.key: 2.0, FREE.key: 4.0})
+    ranked = rank(ROUTE, "normal", 10, 10, {PREMIUM.id: stats(available=False)}, random.Random(0))
+    decision = degrade(ROUTE, "normal", ranked, {BUDGET.id: 2.0, FREE.id: 4.0})
     assert decision == Decision("degrade", (BUDGET, FREE))
 
 
@@ -284,8 +284,8 @@ def test_degrade_with_an_empty_allow_list_treats_the_rest_as_backups() -> None:
         "m", (PREMIUM, MID, BUDGET), degradation=Degradation(max_wait_s=5.0, shed_wait_s=None)
     )
     ranked = list(route.candidates)
-    assert degrade(route, "high", ranked, {PREMIUM.key: 1.0}) == Decision("wait", (PREMIUM,))
-    assert degrade(route, "high", ranked, {PREMIUM.key: 9.0, MID.key: 20.0}) == Decision(
+    assert degrade(route, "high", ranked, {PREMIUM.id: 1.0}) == Decision("wait", (PREMIUM,))
+    assert degrade(route, "high", ranked, {PREMIUM.id: 9.0, MID.id: 20.0}) == Decision(
         "degrade", (BUDGET, PREMIUM)
     )
     assert degrade(route, "high", ranked, {k: 1e6 for k in keys(ranked)}) == Decision(
@@ -295,14 +295,14 @@ def test_degrade_with_an_empty_allow_list_treats_the_rest_as_backups() -> None:
 
 def test_degrade_without_a_policy_or_candidates_waits() -> None:
     plain = ModelRoute("m", ALL)
-    assert degrade(plain, "low", list(ALL), {PREMIUM.key: 1e6}) == Decision("wait", ALL)
+    assert degrade(plain, "low", list(ALL), {PREMIUM.id: 1e6}) == Decision("wait", ALL)
     assert degrade(ROUTE, "normal", [], {}) == Decision("wait", ())
 
 
 @settings(max_examples=200, deadline=None)
 @given(
     waits=st.dictionaries(
-        st.sampled_from([PREMIUM.key, BUDGET.key, FREE.key]), st.floats(0.0, 500.0)
+        st.sampled_from([PREMIUM.id, BUDGET.id, FREE.id]), st.floats(0.0, 500.0)
     ),
     tier=st.sampled_from(["critical", "normal", "low"]),
 )
@@ -312,11 +312,11 @@ def test_degrade_never_offers_more_than_ranked_nor_sheds_what_could_go_soon(
     ranked = list(ROUTE.candidates)
     decision = degrade(ROUTE, tier, ranked, waits)
     assert set(decision.deployments) <= set(ranked)
-    best = min(waits.get(d.key, 0.0) for d in ranked)
+    best = min(waits.get(d.id, 0.0) for d in ranked)
     if decision.action == "shed":
         assert best > 60.0 and decision.retry_after_s == best
     if best <= POLICY.max_wait_s:
-        assert decision.action == "wait" or decision.deployments[0].key in POLICY.allow
+        assert decision.action == "wait" or decision.deployments[0].id in POLICY.allow
 
 
 @dataclass
@@ -334,7 +334,7 @@ def route_around(dead_until: float, duration: float = 120.0) -> Run:
     backup = Deployment("backup", "m")
     route = ModelRoute("m", (primary, backup))
     rng = random.Random(3)
-    breakers = {d.key: Breaker(BreakerSettings(), rng) for d in route.candidates}
+    breakers = {d.id: Breaker(BreakerSettings(), rng) for d in route.candidates}
     primary_calls: list[float] = []
     failed_for_client = 0
     now = 0.0
@@ -345,7 +345,7 @@ def route_around(dead_until: float, duration: float = 120.0) -> Run:
         }
         served = False
         for deployment in rank(route, "normal", 100, 100, live, rng):
-            breaker = breakers[deployment.key]
+            breaker = breakers[deployment.id]
             if not breaker.acquire(now):
                 continue
             if deployment is primary:
@@ -358,7 +358,7 @@ def route_around(dead_until: float, duration: float = 120.0) -> Run:
             break
         failed_for_client += not served
         now = round(now + 0.1, 6)
-    return Run(primary_calls, failed_for_client, breakers[primary.key].state(now))
+    return Run(primary_calls, failed_for_client, breakers[primary.id].state(now))
 
 
 def test_a_dead_primary_is_routed_around_within_five_calls() -> None:

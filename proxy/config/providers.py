@@ -185,8 +185,8 @@ def _candidates(
             if provider in declared:
                 continue  # disabled (secret unset); already warned
             fail(f"{item_path}.provider", f"unknown provider {provider!r}")
-        if any(d.key == deployment.key for d in result):
-            fail(item_path, f"duplicate deployment {deployment.key!r}")
+        if any(d.id == deployment.id for d in result):
+            fail(item_path, f"duplicate deployment {deployment.id!r}")
         result.append(deployment)
     return tuple(result)
 
@@ -196,7 +196,7 @@ def _degradation(
 ) -> Degradation:
     d = node.node("degrade")
     allow = d.string_list("allow")
-    keys = {c.key for c in candidates}
+    keys = {c.id for c in candidates}
     for i, key in enumerate(allow):
         if key not in keys:
             fail(f"{d.sub('allow')}[{i}]", f"not a candidate of this model: {sorted(keys)}")

@@ -16,7 +16,7 @@ class Plan:
     tier_name: str
     prompt_tokens: int
     output_tokens: int
-    key: str
+    caller: str  # the principal's name
     deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
     queue_s: float = 0.0
     tried: set[str] = field(default_factory=set)

@@ -29,7 +29,8 @@ class Deployment:
     weight: float = 1.0
 
     @property
-    def key(self) -> str:
+    def id(self) -> str:
+        """``provider/model``: names the deployment in metrics, breakers and headers."""
         return f"{self.provider}/{self.model}"
 
     def cost(self, prompt_tokens: int, output_tokens: int) -> float:
@@ -110,7 +111,7 @@ def rank(
             ordered = affordable
         else:
             ordered = [min(ordered, key=lambda d: d.cost(prompt_tokens, output_tokens))]
-    return [d for d in ordered if stats.get(d.key, _NO_STATS).available]
+    return [d for d in ordered if stats.get(d.id, _NO_STATS).available]
 
 
 def _order(
@@ -127,9 +128,9 @@ def _order(
         "ordered": lambda d: 0.0,
         "cheapest": lambda d: d.cost(prompt_tokens, output_tokens),
         "best_quality": lambda d: -d.quality,
-        "least_busy": lambda d: _utilisation(stats.get(d.key, _NO_STATS)),
+        "least_busy": lambda d: _utilisation(stats.get(d.id, _NO_STATS)),
         # Unmeasured first: one call measures it, otherwise it would never get traffic.
-        "lowest_latency": lambda d: _latency(stats.get(d.key, _NO_STATS)),
+        "lowest_latency": lambda d: _latency(stats.get(d.id, _NO_STATS)),
     }
     return sorted(candidates, key=keys[strategy])
 
@@ -188,20 +189,20 @@ def degrade(
     policy = route.degradation
     if policy is None or not policy.applies_to(tier) or not ranked:
         return Decision("wait", tuple(ranked))
-    waits = {d.key: max(0.0, expected_wait_s.get(d.key, 0.0)) for d in ranked}
+    waits = {d.id: max(0.0, expected_wait_s.get(d.id, 0.0)) for d in ranked}
     if policy.allow:
-        preferred = [d for d in ranked if d.key not in policy.allow]
-        backups = [d for d in ranked if d.key in policy.allow]
+        preferred = [d for d in ranked if d.id not in policy.allow]
+        backups = [d for d in ranked if d.id in policy.allow]
     else:
         preferred, backups = list(ranked[:1]), list(ranked[1:])
-    preferred_wait = min((waits[d.key] for d in preferred), default=math.inf)
+    preferred_wait = min((waits[d.id] for d in preferred), default=math.inf)
     if preferred_wait <= policy.max_wait_s:
         return Decision("wait", tuple(preferred))
     best_wait = min(waits.values())
     if policy.shed_wait_s is not None and best_wait > policy.shed_wait_s:
         return Decision("shed", (), retry_after_s=best_wait)
     quicker = sorted(
-        (d for d in backups if waits[d.key] < preferred_wait), key=lambda d: waits[d.key]
+        (d for d in backups if waits[d.id] < preferred_wait), key=lambda d: waits[d.id]
     )
     if not quicker:
         return Decision("wait", tuple(preferred))

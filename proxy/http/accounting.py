@@ -39,17 +39,17 @@ def account(
     metrics = service.metrics
     metrics.tokens.get(deployment.provider, "prompt").inc(prompt_tokens)
     metrics.tokens.get(deployment.provider, "completion").inc(completion)
-    metrics.cost.get(plan.key, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
+    metrics.cost.get(plan.caller, plan.tier_name).inc(deployment.cost(prompt_tokens, completion))
     if plan.output_tokens:
         metrics.estimate_error.get("output_tokens").observe(
             abs(relative_error(plan.output_tokens, completion))
         )
-    predicted_s = service.latency.expect_service_s(deployment.key, prompt_tokens, completion)
+    predicted_s = service.latency.expect_service_s(deployment.id, prompt_tokens, completion)
     metrics.estimate_error.get("service_seconds").observe(
         abs(relative_error(predicted_s, total_s, floor=0.01))
     )
-    service.outputs.observe(plan.key, plan.call.model, completion)
+    service.outputs.observe(plan.caller, plan.call.model, completion)
     service.providers[deployment.provider].limits.reconcile(
         plan.prompt_tokens + plan.output_tokens, prompt_tokens + completion, service.clock.now()
     )
-    service.latency.observe(deployment.key, ttft_s, completion, total_s, prompt_tokens)
+    service.latency.observe(deployment.id, ttft_s, completion, total_s, prompt_tokens)

@@ -120,7 +120,7 @@ async def _attempts(
         now = service.clock.now()
         usable = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
                       service.deployment_stats(plan.route.candidates, now), service.rng)
-        fresh = [d for d in usable if d.key not in plan.tried]
+        fresh = [d for d in usable if d.id not in plan.tried]
         if not fresh and attempt and usable:
             # Only the deployments already tried are left: back off, then try again, if
             # the budget allows a retry and the wait fits before the deadline.
@@ -155,8 +155,8 @@ async def _attempts(
 def _degrade(service: Service, plan: Plan, ranked: list[Deployment]) -> list[Deployment]:
     """Apply the model's degradation policy: wait, move to a backup, or shed now."""
     waits = {
-        d.key: service.expected_wait_s(d, plan.tier, service.latency.expect_service_s(
-            d.key, plan.prompt_tokens, plan.output_tokens))
+        d.id: service.expected_wait_s(d, plan.tier, service.latency.expect_service_s(
+            d.id, plan.prompt_tokens, plan.output_tokens))
         for d in ranked
     }
     decision = degrade(plan.route, plan.tier_name, ranked, waits)
@@ -171,7 +171,7 @@ def _degrade(service: Service, plan: Plan, ranked: list[Deployment]) -> list[Dep
 def _unavailable(service: Service, plan: Plan) -> UpstreamUnavailable:
     now = service.clock.now()
     retry_at = min(
-        (service.breakers[d.key].retry_at(now) for d in plan.route.candidates), default=now + 1
+        (service.breakers[d.id].retry_at(now) for d in plan.route.candidates), default=now + 1
     )
     return UpstreamUnavailable(
         f"Every provider for '{plan.call.model}' is unavailable.",
@@ -192,7 +192,7 @@ async def _one_attempt(
     provider this call already tried spends that provider's retry budget.
     """
     providers = tuple(dict.fromkeys(d.provider for d in ranked))
-    estimate = service.latency.expect_service_s(ranked[0].key, plan.prompt_tokens,
+    estimate = service.latency.expect_service_s(ranked[0].id, plan.prompt_tokens,
                                                 plan.output_tokens)
     ticket = Ticket(tier=plan.tier, candidates=providers, est_service_s=estimate,
                     max_wait_s=plan.deadline - service.clock.now())
@@ -208,7 +208,7 @@ async def _one_attempt(
         if wait_s > 0:
             service.pause(provider_name, wait_s)
             return Skip.RATE_LIMITED
-        breaker = service.breakers[deployment.key]
+        breaker = service.breakers[deployment.id]
         if not breaker.available(started):
             return Skip.BREAKER_OPEN
         retry = any(key.startswith(provider_name + "/") for key in plan.tried)
@@ -216,7 +216,7 @@ async def _one_attempt(
             return Skip.BUDGET_SPENT
         if not retry:
             provider.budget.on_call(started)
-        plan.tried.add(deployment.key)
+        plan.tried.add(deployment.id)
         breaker.acquire(started)
         result: tuple[web.StreamResponse | Failure, str] | None = None
         try:
@@ -233,7 +233,7 @@ def _record_verdict(
     retry_after_s: float | None, started: float,
 ) -> None:
     now = service.clock.now()
-    breaker = service.breakers[deployment.key]
+    breaker = service.breakers[deployment.id]
     service.metrics.attempts.get(deployment.provider, verdict).inc()
     limit = provider.concurrency.limit
     if verdict == "success":
@@ -276,7 +276,7 @@ async def _call(
     _observe_quota(service, provider, deployment, response)
     try:
         if response.status == 429 or response.status >= 500:
-            return await _failed_response(response, service.clock.wall(), deployment.key), (
+            return await _failed_response(response, service.clock.wall(), deployment.id), (
                 "throttle" if response.status == 429 else "failure"
             )
         if not call.stream or response.status != 200:

@@ -115,7 +115,7 @@ def answer_headers(
     headers["x-request-id"] = request[REQUEST_ID]
     headers["x-proxy-tier"] = plan.tier_name
     headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
-    headers["x-proxy-upstream"] = deployment.key
+    headers["x-proxy-upstream"] = deployment.id
     return headers
 
 

@@ -73,9 +73,9 @@ class Service:
         self.breakers: dict[str, Breaker] = {}
         for route in config.models.values():
             for deployment in route.candidates:
-                if deployment.key not in self.breakers:
-                    self.breakers[deployment.key] = self._breaker(deployment.provider,
-                                                                  deployment.key)
+                if deployment.id not in self.breakers:
+                    self.breakers[deployment.id] = self._breaker(deployment.provider,
+                                                                  deployment.id)
         self._resume: dict[str, asyncio.TimerHandle] = {}
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
@@ -113,7 +113,7 @@ class Service:
     ) -> dict[str, DeploymentStats]:
         stats: dict[str, DeploymentStats] = {}
         for deployment in deployments:
-            key, provider = deployment.key, deployment.provider
+            key, provider = deployment.id, deployment.provider
             breaker = self.breakers[key]
             stats[key] = DeploymentStats(
                 available=breaker.available(now),
@@ -188,7 +188,7 @@ class Service:
                 for name, p in self.providers.items()
             },
             "models": {
-                name: [d.key for d in route.candidates]
+                name: [d.id for d in route.candidates]
                 for name, route in self.config.models.items()
             },
         }
