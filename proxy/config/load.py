@@ -114,11 +114,11 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     tiers = _tiers(root)
     names = tuple(t.name for t in tiers)
     scheduler = _scheduler(root.node("scheduler"), tiers)
-    classify_node = root.node("classify")
-    auth_required = bool(classify_node.raw("keys"))
-    keys, classify = parse_classify(classify_node, names, warnings)
     providers, declared = parse_providers(root, warnings)
     models = parse_models(root, names, providers, declared, warnings)
+    classify_node = root.node("classify")
+    auth_required = classify_node.has("keys")
+    keys, classify = parse_classify(classify_node, names, models, warnings)
     timezone, schedules = parse_schedules(root.node("schedules"), names)
     retry_node = root.node("retry")
     retry = RetrySettings(
@@ -195,7 +195,7 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
     if len(promote) != len(bounds) + 1:
         fail(node.sub("promote_after_s"), f"needs one value per level ({len(bounds) + 1})")
     tier_promote = (
-        node.number("tier_promote_after_s", positive=True)
+        node.number("tier_promote_after_s", positive=True, allow_infinite=True)
         if node.raw("tier_promote_after_s") is not None else defaults.tier_promote_after_s
     )
     settings = SchedulerSettings(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 import zoneinfo
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..core.classify import ClassifySettings, Principal, Rule
@@ -14,11 +16,15 @@ from .reader import UNSET, Node, fail
 
 @dataclass(frozen=True)
 class ApiKey:
-    name: str
-    sha256: str  # hex digest of the key; keys are looked up by hash, never compared as text
+    """A proxy key: looked up by the hex SHA-256 digest of the secret, never compared as
+    text; it authenticates as ``principal``."""
+
+    sha256: str
     principal: Principal
-    rpm: int | None = None  # this key's own limits: 429 rate_limit_exceeded past them
-    tpm: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.principal.name
 
 
 def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
@@ -30,52 +36,66 @@ def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
 
 
 def parse_classify(
-    node: Node, names: tuple[str, ...], warnings: list[str]
+    node: Node, names: tuple[str, ...], models: Collection[str], warnings: list[str]
 ) -> tuple[tuple[ApiKey, ...], ClassifySettings]:
     default_tier = tier_index(
-        node.raw("default_tier") or ("normal" if "normal" in names else names[-1]),
+        node.raw("default_tier") if node.has("default_tier")
+        else ("normal" if "normal" in names else names[-1]),
         names, node.sub("default_tier"),
     )
     keys: list[ApiKey] = []
+    declared: set[str] = set()
+    if node.has("keys") and not node.raw("keys"):
+        fail(node.sub("keys"), "must list at least one key (leave it out for open access)")
     for path, key_node in node.items("keys"):
         name = key_node.string("name", required=True)
         tier = (
             tier_index(key_node.raw("tier"), names, f"{path}.tier")
-            if key_node.raw("tier") is not None else None
+            if key_node.has("tier") else None
         )
+        # Fail closed: a key reaches no tier more urgent than its own unless told so.
         max_tier = (
             tier_index(key_node.raw("max_tier"), names, f"{path}.max_tier")
-            if key_node.raw("max_tier") is not None else 0
+            if key_node.has("max_tier") else default_tier if tier is None else tier
         )
+        if tier is not None and tier < max_tier:
+            fail(f"{path}.max_tier", "is less urgent than the key's own tier")
+        if name in declared:
+            fail(f"{path}.name", f"duplicate key name {name!r}")
+        declared.add(name)
         if key_node.has("key") == key_node.has("key_sha256"):
             fail(path, "needs exactly one of 'key' or 'key_sha256'")
+        rpm = key_node.optional_integer("rpm", minimum=1)
+        tpm = key_node.optional_integer("tpm", minimum=1)
         if key_node.has("key"):
             secret = key_node.secret("key")
-            if secret is UNSET or secret == "":
+            if secret is UNSET or (secret == "" and "${" in str(key_node.raw("key"))):
                 warnings.append(f"{path}.key: environment variable not set; key {name!r} disabled")
                 key_node.check_unknown()
                 continue
+            if not str(secret).strip():
+                fail(f"{path}.key", "must not be empty")
             digest = hashlib.sha256(str(secret).encode()).hexdigest()
         else:
             digest = key_node.string("key_sha256").strip().lower()
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
                 fail(f"{path}.key_sha256", "must be 64 hex digits")
-        if any(k.name == name for k in keys):
-            fail(f"{path}.name", f"duplicate key name {name!r}")
         if any(k.sha256 == digest for k in keys):
             fail(path, "the same key is listed twice")
-        keys.append(ApiKey(
-            name, digest, Principal(name=name, tier=tier, max_tier=max_tier),
-            rpm=key_node.optional_integer("rpm", minimum=1),
-            tpm=key_node.optional_integer("tpm", minimum=1),
-        ))
+        keys.append(ApiKey(digest, Principal(
+            name=name, tier=tier, max_tier=max_tier,
+            rpm=rpm, tpm=tpm,
+        )))
         key_node.check_unknown()
-    rules = tuple(_rule(path, rule_node, names) for path, rule_node in node.items("rules"))
+    rules = tuple(_rule(path, rule_node, names, declared, models)
+                  for path, rule_node in node.items("rules"))
     node.check_unknown()
     return tuple(keys), ClassifySettings(tier_names=names, default_tier=default_tier, rules=rules)
 
 
-def _rule(path: str, node: Node, names: tuple[str, ...]) -> Rule:
+def _rule(
+    path: str, node: Node, names: tuple[str, ...], keys: Collection[str], models: Collection[str]
+) -> Rule:
     tier = tier_index(node.raw("tier"), names, f"{path}.tier")
     match = node.node("match")
     headers: dict[str, tuple[str, ...]] = {}
@@ -93,11 +113,19 @@ def _rule(path: str, node: Node, names: tuple[str, ...]) -> Rule:
     stream_value = match.raw("stream")
     if stream_value is not None and not isinstance(stream_value, bool):
         fail(match.sub("stream"), "must be true or false")
+    patterns = match.string_list("model")
+    for i, pattern in enumerate(patterns):
+        if not any(fnmatch.fnmatchcase(model, pattern) for model in models):
+            fail(f"{match.sub('model')}[{i}]", f"matches no model of models: ({pattern!r})")
+    key_names = match.string_list("key")
+    for i, key in enumerate(key_names):
+        if key not in keys:
+            fail(f"{match.sub('key')}[{i}]", f"unknown key {key!r} (not in classify.keys)")
     rule = Rule(
         tier=tier,
         headers=headers,
-        models=match.string_list("model"),
-        keys=match.string_list("key"),
+        models=patterns,
+        keys=key_names,
         min_prompt_tokens=match.optional_integer("min_prompt_tokens"),
         max_prompt_tokens=match.optional_integer("max_prompt_tokens"),
         last_user_pattern=compiled,

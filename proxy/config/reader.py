@@ -71,8 +71,13 @@ class Node:
         return key in self.data
 
     def raw(self, key: str) -> object:
+        """The value at ``key``, None if absent. An explicit null is an error: leaving a
+        key out is how a default is asked for, so a null never silently means one."""
         self._read.add(key)
-        return self.data.get(key)
+        value = self.data.get(key)
+        if value is None and key in self.data:
+            fail(self.sub(key), "must not be null (leave the key out for its default)")
+        return value
 
     def node(self, key: str) -> Node:
         return Node(self.raw(key), self.sub(key), self.env)
@@ -91,6 +96,8 @@ class Node:
         value = self.secret(key, default, required=required)
         if isinstance(value, _Unset):
             fail(self.sub(key), f"environment variable {self._missing(key)} is not set")
+        if not value.strip():
+            fail(self.sub(key), "must not be empty")
         return value
 
     def secret(

@@ -31,11 +31,17 @@ Source = Literal["header", "service_tier", "rule", "key", "default"]
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the proxy key's name and its tier policy."""
+    """Who is calling: the proxy key's name, its tier policy and its own rate limits.
+
+    ``max_tier`` is the most urgent tier the caller may reach (0 = the most urgent of
+    all); configured keys default it to their own tier, so they fail closed.
+    """
 
     name: str
     tier: int | None = None
     max_tier: int = 0
+    rpm: int | None = None  # past these: 429 rate_limit_exceeded
+    tpm: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,15 @@ def classify(
     if bounded < floor:
         return Classification(floor, source, clamped=True)
     return Classification(bounded, source)
+
+
+def upstream_service_tier(requested: str | None, tier: int) -> str | None:
+    """The ``service_tier`` to forward for a call resolved to ``tier``: ``priority`` is
+    billed at a premium, so it goes upstream only with calls of the most urgent tier;
+    other values pass unchanged."""
+    if requested == "priority" and tier != 0:
+        return None
+    return requested
 
 
 def _unclamped(

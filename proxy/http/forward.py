@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from ..core.classify import RequestFacts, classify
+from ..core.classify import RequestFacts, classify, upstream_service_tier
 from ..core.errors import (
     ModelNotFound,
     ProxyError,
@@ -263,7 +263,7 @@ async def _call(
     strip_usage = call.stream and path == "/chat/completions" and not call.wants_usage
     upstream_request = UpstreamRequest(
         path=path,
-        body=_upstream_body(call, deployment, provider, strip_usage),
+        body=_upstream_body(call, plan.tier, deployment, provider, strip_usage),
         model=deployment.model,
         stream=call.stream,
         headers={h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers},
@@ -316,11 +316,12 @@ def _observe_quota(
 
 
 def _upstream_body(
-    call: Call, deployment: Deployment, provider: ProviderRuntime, add_usage: bool
+    call: Call, tier: int, deployment: Deployment, provider: ProviderRuntime, add_usage: bool
 ) -> bytes:
     body = dict(call.body)
     body["model"] = deployment.model
-    if not provider.config.accepts_service_tier:
+    service_tier = upstream_service_tier(call.service_tier, tier)
+    if service_tier is None or not provider.config.accepts_service_tier:
         body.pop("service_tier", None)
     if add_usage:
         body["stream_options"] = {**(call.body.get("stream_options") or {}), "include_usage": True}

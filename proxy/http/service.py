@@ -53,8 +53,9 @@ class Service:
         self.rng = rng or random.Random()
         self.auth = Authenticator(config.keys, config.auth_required)
         self.key_limits = {
-            key.name: ProviderLimits(key.rpm, key.tpm)
-            for key in config.keys if key.rpm is not None or key.tpm is not None
+            key.name: ProviderLimits(key.principal.rpm, key.principal.tpm)
+            for key in config.keys
+            if key.principal.rpm is not None or key.principal.tpm is not None
         }
         self.providers = {
             name: ProviderRuntime(
