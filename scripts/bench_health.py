@@ -122,7 +122,7 @@ async def dead_provider(rate: float, seconds: float) -> str:
           "max_concurrency": 64}],
         {"m": [{"provider": "primary", "model": "x"}, {"provider": "backup", "model": "x"}]},
     )
-    breaker = app[SERVICE].breakers["primary/x"]
+    breaker = app[SERVICE].engine.fleet.breakers["primary/x"]
     opened_at: list[float] = []
     recovered_at: list[float] = []
     death = seconds * 0.25

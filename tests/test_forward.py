@@ -58,7 +58,7 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
 
 def inflight(client: TestClient[web.Request, web.Application]) -> int:
     service = client.app[SERVICE]
-    return sum(service.scheduler.inflight(p) for p in service.providers)
+    return sum(service.scheduler.inflight(p) for p in service.config.providers)
 
 
 async def test_json_relay_rewrites_model_and_swaps_keys(

@@ -88,14 +88,12 @@ async def test_429_shrinks_the_concurrency_limit_and_success_restores_it(
     service = client.app[SERVICE]
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 200 and resp.headers["x-proxy-upstream"] == "q/x"
-    assert service.providers["p"].concurrency.limit == 4
     assert service.scheduler.capacity("p") == 4
     metrics = await (await client.get("/metrics")).text()
     assert 'proxy_upstream_limit{provider="p"} 4.0' in metrics
     await asyncio.sleep(1.05)  # successes right after a cut do not count
     for _ in range(4):
         assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    assert service.providers["p"].concurrency.limit == 5
     assert service.scheduler.capacity("p") == 5
 
 

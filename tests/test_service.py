@@ -64,15 +64,3 @@ async def test_one_timer_moves_to_the_next_window(counter: TokenCounter) -> None
     assert service.schedule is not None and service.schedule.name == "night"
     assert weights(service) == [8.0, 4.0, 2.0, 8.0]
     await service.close()
-
-
-async def test_pause_makes_a_provider_unavailable_until_it_ends(counter: TokenCounter) -> None:
-    service, _ = service_at(datetime(2026, 11, 30, 12, 0, tzinfo=BERLIN), counter)
-    service.pause("sim", 0.05)
-    providers = service.scheduler.snapshot(0.0)["providers"]
-    assert isinstance(providers, dict) and providers["sim"]["available"] is False
-    assert service.status()["providers"]["sim"]["paused"] is True  # type: ignore[index]
-    await asyncio.sleep(0.1)
-    providers = service.scheduler.snapshot(0.0)["providers"]
-    assert isinstance(providers, dict) and providers["sim"]["available"] is True
-    await service.close()

@@ -17,8 +17,10 @@ from ..core.estimate import (
     DEFAULT_PREFILL_SECONDS_PER_TOKEN,
     DEFAULT_SECONDS_PER_TOKEN_PRIOR,
     DEFAULT_TTFT_PRIOR_S,
+    EstimateSettings,
 )
 from ..core.provider import Provider
+from ..core.retry import RetrySettings
 from ..core.route import ModelRoute
 from ..core.scheduler import SchedulerSettings, TierSpec
 from ..core.schedules import Schedule
@@ -38,28 +40,10 @@ class Listen:
 
 
 @dataclass(frozen=True)
-class RetrySettings:
-    max_attempts: int = 3  # upstream attempts per call, first one included
-    budget: float = 0.2  # retries per provider as a fraction of its calls
-    backoff_base_s: float = 0.25
-    backoff_max_s: float = 8.0
-
-
-@dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 4 * 1024 * 1024
     write_timeout_s: float = 30.0  # a client that stops reading frees its slot after this
     exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized, on the loop
-
-
-@dataclass(frozen=True)
-class EstimateSettings:
-    """Priors of the estimators, until they have learned from completed calls."""
-
-    output_tokens: int = DEFAULT_OUTPUT_PRIOR
-    ttft_s: float = DEFAULT_TTFT_PRIOR_S
-    seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN_PRIOR
-    prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN  # not learned
 
 
 @dataclass(frozen=True)

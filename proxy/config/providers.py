@@ -7,7 +7,13 @@ from collections.abc import Mapping
 
 from ..core.breaker import BreakerSettings
 from ..core.provider import Provider, SimSettings, Timeouts
-from ..core.route import STRATEGIES, Degradation, Deployment, ModelRoute
+from ..core.route import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    STRATEGIES,
+    Degradation,
+    Deployment,
+    ModelRoute,
+)
 from .policy import tier_index
 from .reader import UNSET, Node, fail, interpolate
 
@@ -179,6 +185,8 @@ def _candidates(
             output_cost=c.number("output_cost", 0.0),
             quality=c.number("quality", 0.5, maximum=1.0),
             weight=c.number("weight", 1.0, positive=True),
+            max_output_tokens=c.integer("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS,
+                                        minimum=1),
         )
         c.check_unknown()
         if provider not in providers:

@@ -5,11 +5,12 @@ OPEN ──(cooldown ends; checked lazily on every call)──▶ HALF_OPEN
 HALF_OPEN ──(``half_open_probes`` probes all succeed)──▶ CLOSED
 HALF_OPEN ──(a probe fails)──▶ OPEN, with a longer cooldown
 
-A 429 is throttling, not sickness: ``on_throttle`` pauses the deployment without counting a
-failure. Verdicts that arrive while OPEN, or in HALF_OPEN with no probe outstanding, come
-from calls started before the breaker opened and are ignored; pass ``started`` (the
-call's ``now`` at ``acquire``) and every verdict of a call started before the current state
-began is ignored, so a slow stale call can never pass for a probe.
+A 429 is throttling, not sickness: ``on_throttle`` counts no failure (pausing the deployment
+is the scheduler's business, ``proxy.core.capacity``). Verdicts that arrive while OPEN, or
+in HALF_OPEN with no probe outstanding, come from calls started before the breaker opened
+and are ignored; pass ``started`` (the call's ``now`` at ``acquire``) and every verdict of
+a call started before the current state began is ignored, so a slow stale call can never
+pass for a probe.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class BreakerSettings:
     cooldown_max_s: float = 60.0
     jitter: float = 0.2
     half_open_probes: int = 1
-    throttle_default_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.consecutive_failures < 1 or self.min_calls < 1 or self.half_open_probes < 1:
@@ -63,7 +63,7 @@ class Breaker:
         self,
         settings: BreakerSettings,
         rng: random.Random,
-        on_transition: Callable[[State, State], None] | None = None,
+        on_transition: Callable[[State, State, float], None] | None = None,
     ) -> None:
         self.settings = settings
         self._rng = rng
@@ -72,7 +72,6 @@ class Breaker:
         self._window = RollingCounts(settings.window_s)
         self._consecutive = 0
         self._open_until = -math.inf
-        self._throttled_until = -math.inf
         self._probes_left = 0
         self._probes_out = 0
         self._probe_successes = 0
@@ -89,11 +88,19 @@ class Breaker:
             self._move(State.HALF_OPEN, self._open_until)
         return self._state
 
+    @property
+    def open_until(self) -> float:
+        """When the current (or last) opening ends."""
+        return self._open_until
+
+    def down(self, now: float) -> bool:
+        """Open: no call may start (half-open lets probes through)."""
+        return self.state(now) is State.OPEN
+
     def available(self, now: float) -> bool:
+        """A call may start now: closed, or half-open with a probe left."""
         state = self.state(now)
-        if now < self._throttled_until or state is State.OPEN:
-            return False
-        return state is State.CLOSED or self._probes_left > 0
+        return state is State.CLOSED or (state is State.HALF_OPEN and self._probes_left > 0)
 
     def acquire(self, now: float) -> bool:
         if not self.available(now):
@@ -129,12 +136,8 @@ class Breaker:
         elif state is State.HALF_OPEN and self._probes_out > 0:
             self._open(now)
 
-    def on_throttle(
-        self, now: float, retry_after_s: float | None, started: float | None = None
-    ) -> None:
-        """A 429: pause for ``retry_after_s`` (or the default); a probe's permit comes back."""
-        pause = self.settings.throttle_default_s if retry_after_s is None else retry_after_s
-        self._throttled_until = max(self._throttled_until, now + max(pause, 0.0))
+    def on_throttle(self, now: float, started: float | None = None) -> None:
+        """A 429: no verdict on health; a probe's permit comes back."""
         self.on_abandon(now, started)
 
     def on_abandon(self, now: float, started: float | None = None) -> None:
@@ -149,12 +152,8 @@ class Breaker:
         if self.available(now):
             return now
         if self._state is State.OPEN:
-            blocked_until = self._open_until
-        elif self._state is State.HALF_OPEN and self._probes_left == 0:
-            blocked_until = now + self.settings.cooldown_s
-        else:
-            blocked_until = now
-        return max(blocked_until, self._throttled_until)
+            return self._open_until
+        return now + self.settings.cooldown_s
 
     def snapshot(self, now: float) -> dict[str, object]:
         return {
@@ -165,7 +164,6 @@ class Breaker:
             "window_failures": self._window.total("failures", now),
             "opened_count": self.opened_count,
             "probes_in_flight": self._probes_out,
-            "throttled_for_s": max(0.0, self._throttled_until - now),
             "retry_at": self.retry_at(now),
             "retry_in_s": self.retry_at(now) - now,
         }
@@ -204,4 +202,4 @@ class Breaker:
         old, self._state = self._state, new
         self._since = since
         if self._on_transition is not None:
-            self._on_transition(old, new)
+            self._on_transition(old, new, since)

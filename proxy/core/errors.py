@@ -19,7 +19,9 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     └── UpstreamError         502 / 504, raised when every attempt failed
         ├── UpstreamConnectError  502 upstream_connect_error
         ├── UpstreamTimeout       504 upstream_timeout
-        └── UpstreamBadResponse   502 upstream_error
+        ├── UpstreamBadResponse   502 upstream_error
+        └── UpstreamAuthError     502 upstream_auth_error (the provider refused the proxy's
+                                      own key: never the client's fault, never its body)
 """
 
 from __future__ import annotations
@@ -145,3 +147,7 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBadResponse(UpstreamError):
     code = "upstream_error"
+
+
+class UpstreamAuthError(UpstreamError):
+    code = "upstream_auth_error"

@@ -19,6 +19,22 @@ DEFAULT_SECONDS_PER_TOKEN_PRIOR = 0.02
 DEFAULT_PREFILL_SECONDS_PER_TOKEN = 0.0001
 
 
+@dataclass(frozen=True)
+class EstimateSettings:
+    """Priors of the estimators, until they have learned from completed calls. They are
+    also the fixed yardstick of a call's size (``size_s``), so identical calls always join
+    the same scheduler level whatever the estimators have learned since."""
+
+    output_tokens: int = DEFAULT_OUTPUT_PRIOR
+    ttft_s: float = DEFAULT_TTFT_PRIOR_S
+    seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN_PRIOR
+    prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN  # not learned
+
+    def size_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        return (self.ttft_s + max(0, prompt_tokens) * self.prefill_seconds_per_token
+                + max(0, output_tokens) * self.seconds_per_token)
+
+
 @dataclass
 class Ewma:
     """A moving average that treats its prior as one sample while young."""

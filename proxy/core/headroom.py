@@ -54,6 +54,24 @@ class Headroom:
         stamp[tier] = now
         quiet[tier] = now + min(self._horizon, _QUIET_GAPS / rate[tier])
 
+    def correct(self, provider: str, tier: int, delta_s: float, since: float,
+                now: float) -> None:
+        """A call of ``tier`` recorded at ``since`` took ``delta_s`` more (or less) than its
+        estimate: the offered load learns what the call really cost."""
+        load = self._load.get(provider)
+        if load is None:
+            return
+        stamp, quiet = self._stamp[provider][tier], self._quiet[provider][tier]
+        current = self._decayed(load[tier], stamp, quiet, now)
+        if current <= 0.0:
+            return
+        weight = math.exp(-max(now - since, 0.0) / self._horizon)
+        load[tier] = max(0.0, current + delta_s * weight / self._horizon)
+        self._stamp[provider][tier] = now
+        # The rate decays from the same stamp, so bring it along.
+        rate = self._rate[provider]
+        rate[tier] = rate[tier] * math.exp(-max(now - stamp, 0.0) / self._horizon)
+
     def offered(self, provider: str, tier: int, now: float) -> float:
         """Recent offered load of ``tier`` on ``provider``, in busy slots."""
         load = self._load.get(provider)

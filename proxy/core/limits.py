@@ -3,8 +3,8 @@
 - ``RollingCounts``: counters over a rolling window in a fixed ring of buckets.
 - ``TokenBucket`` / ``ProviderLimits``: rpm and tpm buckets per deployment, plus the
   upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
-- ``AdaptiveConcurrency``: AIMD on the deployment's concurrency limit, driven by 429s.
 
+Adaptive concurrency lives with the provider's slots, in ``proxy.core.capacity``.
 Retry policy (budget, backoff, ``retry-after``) is in ``proxy.retry``.
 """
 
@@ -58,8 +58,10 @@ EPSILON = 1e-9
 class TokenBucket:
     """``rate_per_min`` tokens a minute, holding at most ``burst`` (default: one minute's worth).
 
-    The level may go negative after ``adjust`` charges more than was estimated; that debt is
-    repaid by the refill before anything else is taken.
+    The level may go negative after an oversized ``take`` or an ``adjust`` that charges more
+    than was estimated; that debt is repaid by the refill before anything else is taken. It
+    never goes below ``-capacity``, so one absurd number cannot stop the bucket for longer
+    than two refills.
     """
 
     def __init__(self, rate_per_min: float, burst: float | None = None) -> None:
@@ -92,13 +94,13 @@ class TokenBucket:
         """Take ``n`` and return 0.0, or take nothing and return the seconds to wait."""
         wait = self.wait_s(n, now)
         if wait == 0.0:
-            self._level -= n
+            self._level = max(-self.capacity, self._level - n)
         return wait
 
     def adjust(self, delta: float, now: float) -> None:
         """Give back (positive) or charge (negative) tokens, e.g. estimated minus actual."""
         self._refill(now)
-        self._level = min(self.capacity, self._level + delta)
+        self._level = min(self.capacity, max(-self.capacity, self._level + delta))
 
     def _refill(self, now: float) -> None:
         if self._updated is not None and now > self._updated:
@@ -190,7 +192,7 @@ class ProviderLimits:
             waits.append(self.tokens.wait_s(tokens, now))
         return max(waits)
 
-    def check(self, tokens: int, now: float) -> float:
+    def take(self, tokens: int, now: float) -> float:
         """0.0 and the call's share is taken; otherwise the seconds to wait (nothing taken)."""
         wait = self.wait_s(tokens, now)
         if wait > 0.0:
@@ -202,6 +204,13 @@ class ProviderLimits:
         self._upstream_requests.spend(1, now)
         self._upstream_tokens.spend(tokens, now)
         return 0.0
+
+    def refund(self, tokens: int, now: float, request: bool = True) -> None:
+        """Give back what ``take`` took for a call that did not use it (with ``request``
+        False, the request itself counted: only the tokens come back)."""
+        if request and self.requests is not None:
+            self.requests.adjust(1, now)
+        self.reconcile(tokens, 0, now)
 
     def reconcile(self, estimated: int, actual: int, now: float) -> None:
         """Correct the tpm bucket (and the provider's reported quota) once the response's
@@ -239,51 +248,3 @@ class ProviderLimits:
         if self._upstream_tokens.wait_s(1, now) > 0.0:
             until = max(until, self._upstream_tokens.reset_at)
         return until
-
-
-class AdaptiveConcurrency:
-    """AIMD concurrency limit: halve on a 429, +1 after ``limit`` successes.
-
-    One decrease per ``hold_s``: a burst of 429s from calls that were already in flight is one
-    signal, not many. Successes within ``hold_s`` of a decrease are ignored for the same reason.
-    """
-
-    def __init__(
-        self,
-        max_concurrency: int,
-        *,
-        floor: int = 1,
-        decrease: float = 0.5,
-        hold_s: float = 1.0,
-    ) -> None:
-        if not 1 <= floor <= max_concurrency:
-            raise ValueError("need 1 <= floor <= max_concurrency")
-        if not 0.0 < decrease < 1.0:
-            raise ValueError("decrease must be between 0 and 1")
-        self.max_concurrency = max_concurrency
-        self.floor = floor
-        self.decrease = decrease
-        self.hold_s = hold_s
-        self._limit = max_concurrency
-        self._successes = 0
-        self._decreased_at = -math.inf
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    def on_throttle(self, now: float) -> int:
-        if now - self._decreased_at >= self.hold_s:
-            self._limit = max(self.floor, int(self._limit * self.decrease))
-            self._successes = 0
-            self._decreased_at = now
-        return self._limit
-
-    def on_success(self, now: float) -> int:
-        if now - self._decreased_at < self.hold_s or self._limit >= self.max_concurrency:
-            return self._limit
-        self._successes += 1
-        if self._successes >= self._limit:
-            self._limit += 1
-            self._successes = 0
-        return self._limit

@@ -1,22 +1,27 @@
-"""What the proxy decided about one call before forwarding it."""
+"""What the proxy decided about one call before sending it anywhere."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .request import Call
 from .route import ModelRoute
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     call: Call
     route: ModelRoute
     tier: int
     tier_name: str
+    ceiling: int  # the most urgent tier the caller may reach, aging included
     prompt_tokens: int
-    output_tokens: int
+    output_tokens: int  # expected, never above what any candidate's max_output_tokens allows
     caller: str  # the principal's name
+    arrived: float
     deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
-    queue_s: float = 0.0
-    tried: set[str] = field(default_factory=set)
+
+    @property
+    def tokens(self) -> int:
+        """What rate limits are charged for the call before its usage is known."""
+        return self.prompt_tokens + self.output_tokens

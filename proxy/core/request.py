@@ -13,6 +13,7 @@ from .errors import InvalidRequest
 @dataclass
 class Call:
     body: dict[str, Any]
+    chat: bool  # a chat completion (else embeddings)
     model: str
     stream: bool
     max_tokens: int | None
@@ -59,7 +60,7 @@ def parse_call(raw: bytes, *, chat: bool) -> Call:
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
     wants_usage = bool(options and options.get("include_usage"))
-    return Call(body, model, stream, max_tokens, service_tier, wants_usage)
+    return Call(body, chat, model, stream, max_tokens, service_tier, wants_usage)
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:

@@ -12,8 +12,17 @@ import email.utils
 import math
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .limits import EPSILON, RollingCounts, lowercase_keys
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    max_attempts: int = 3  # upstream attempts per call, the first one included
+    budget: float = 0.2  # retries per provider as a fraction of its calls
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 8.0
 
 
 class RetryBudget:

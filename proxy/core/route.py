@@ -16,17 +16,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+# Most models cap a reply at 4k-16k tokens; an estimate never counts on more than this unless
+# the deployment says so, whatever a client puts in max_tokens.
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
 STRATEGIES = ("ordered", "cheapest", "best_quality", "least_busy", "lowest_latency", "weighted")
 
 
 @dataclass(frozen=True)
 class Deployment:
+    """One way to serve a public model: a provider and its model name, prices in dollars
+    per million tokens, a quality score, a routing weight, and the most output tokens an
+    estimate may count on (the upstream still decides what it produces)."""
+
     provider: str
     model: str
     input_cost: float = 0.0
     output_cost: float = 0.0
     quality: float = 0.5
     weight: float = 1.0
+    max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
 
     @property
     def id(self) -> str:

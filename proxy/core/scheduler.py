@@ -1,26 +1,37 @@
 """The priority scheduler: which waiting call gets the next free upstream slot.
 
-Pure: it is told the time (``now``, monotonic seconds), never sleeps and never does I/O;
-``proxy.admission`` is the async shell around it.
+Pure: it is told the time (``now``, monotonic seconds), never sleeps and never does I/O.
+Every method that changes something records its decisions (slots granted, calls refused)
+for ``take``; the async shell (``proxy.http.admission``) or the simulator acts on them.
+It alone decides whether a provider can take a call now (``proxy.core.capacity``): slots,
+pauses after a 429 or a spent rate limit, half-open probe limits, open breakers and the
+adaptive concurrency limit are all capacity it sees, so a call waits for them in its
+place instead of failing.
 
-- Tiers x levels. Each tier is a multi-level feedback queue. A call joins the level its
-  estimated service time puts it in (short calls start high), FIFO within a level, and
-  moves up one level after waiting ``promote_after_s[level]`` there.
-- Across tiers, weighted fair sharing of slot-seconds: serving a call charges its tier
-  ``est_service_s / weight`` of virtual time. Among tiers that can use the free slot, the
-  most urgent one that is less than ``quantum_s`` ahead of the most under-served waiting
-  tier goes first; if none is, the most under-served one goes. A tier that had nothing
-  waiting restarts level with the others, so idle tiers bank no credit.
-- Headroom (``proxy.headroom``): a call may not take the last free slots of a provider held
-  for more urgent tiers; never all of them, so every tier keeps a usable slot.
-- A call waiting ``tier_promote_after_s`` moves up one tier, once. Past its tier's
-  ``max_wait_s`` it is rejected (``queue_timeout``).
-- Bounded queue: past a tier's or the total bound, a more urgent arrival evicts the most
-  recently queued call of the least urgent tier (``evicted``); otherwise it is refused
-  (``queue_full``).
-- Work-conserving: after every call below, no free usable slot is left while a call that
-  may use it waits. Time alone can make a call eligible (a reservation lapses, a call moves
-  up a tier); ``next_wakeup`` says when, and ``advance`` applies it.
+The policy, for each free slot of a provider, among the calls that may use it:
+
+1. *Priority within fair share.* The most urgent tier goes first unless it is more than
+   ``quantum_s`` of slot-seconds per unit of weight ahead of the most under-served
+   waiting tier (``proxy.core.sharing``); otherwise the most under-served one goes, so a
+   sustained urgent load cannot starve a less urgent tier of its weighted share.
+2. *Deadline rescue.* A tier served for its fair share yields to a more urgent tier whose
+   oldest call has less than ``rescue_fraction`` of its ``max_wait_s`` left (and is not at
+   risk itself). Within the chosen tier, a call at risk goes before shorter, later ones.
+3. *Levels.* Within a tier, a call joins the level its size puts it in (short calls
+   first), oldest arrival first within a level, and moves up a level after
+   ``promote_after_s[level]``; after ``tier_promote_after_s`` it moves up one tier, once,
+   never above its ``ceiling``.
+4. *Headroom* (``proxy.core.headroom``): while no more urgent call waits for the provider,
+   a call may not take the last free slots held for more urgent arrivals; never every slot.
+5. *Deadlines*: a queued call past its deadline is refused (``queue_timeout``), exactly on
+   time, however it entered the queue. *Bounded queue*: past a tier's or the total bound,
+   a more urgent arrival evicts the latest arrival of the least urgent tier (``evicted``);
+   otherwise it is refused (``queue_full``).
+
+Work-conserving apart from headroom: after every call below, no free slot is left while
+a call that may use it waits and no hold applies. Time alone can change that (a pause
+ends, a limit grows back, a hold lapses, a call moves up a tier); ``next_wakeup`` says
+when, and ``advance`` applies it.
 """
 
 from __future__ import annotations
@@ -29,24 +40,26 @@ import bisect
 import math
 from collections.abc import Mapping
 
+from .capacity import Gate, Pool
 from .headroom import Headroom
-from .scheduler_queues import TicketQueues
+from .scheduler_queues import Lane, TicketQueues
 from .scheduler_types import (
+    Decisions,
     Dispatch,
     Rejection,
     SchedulerSettings,
-    SubmitResult,
     Ticket,
     TicketState,
     TierSpec,
 )
+from .sharing import FairShare
 
 __all__ = [
+    "Decisions",
     "Dispatch",
     "Rejection",
     "Scheduler",
     "SchedulerSettings",
-    "SubmitResult",
     "Ticket",
     "TicketState",
     "TierSpec",
@@ -59,137 +72,181 @@ _SERVICE_EWMA_ALPHA = 0.1
 
 
 class Scheduler:
-    def __init__(self, settings: SchedulerSettings, capacities: Mapping[str, int]) -> None:
+    def __init__(self, settings: SchedulerSettings, pools: Mapping[str, int],
+                 deployments: Mapping[str, str] | None = None) -> None:
+        """``pools``: provider -> max_concurrency. ``deployments``: deployment id -> its
+        provider; a provider's own name also stands for a deployment of it."""
         self._settings = settings
         self._tiers = settings.tiers
         count = len(settings.tiers)
-        self._weights = [t.weight for t in settings.tiers]
         self._reserves: list[int | None] = [t.reserve for t in settings.tiers]
-        self._capacity: dict[str, int] = {}
-        self._inflight: dict[str, int] = {}
-        self._running: dict[str, list[int]] = {}
-        self._available: dict[str, bool] = {}
+        self._pools: dict[str, Pool] = {}
+        self._gates: dict[str, Gate] = {}
         self._mean_service: dict[str, float] = {}
-        for provider, limit in capacities.items():
-            self._add_provider(provider, limit)
+        for name, limit in pools.items():
+            self._add_pool(name, limit)
+        for deployment, pool in (deployments or {}).items():
+            self._add_gate(deployment, pool)
         promote = settings.tier_promote_after_s
         self._queues = TicketQueues(
             count, settings.levels, settings.promote_after_s,
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
+            self._gates_by_pool,
         )
         self._headroom = Headroom(count, settings.headroom_scale, settings.headroom_horizon_s)
-        self._virtual = [0.0] * count
-        self._active = [False] * count
-        self._floor = 0.0
+        self._share = FairShare([t.weight for t in settings.tiers])
+        self._out = Decisions()
 
-    def submit(self, ticket: Ticket, now: float) -> SubmitResult:
-        """Queue a call; it gets a slot at once if one is free and nothing more deserving
-        waits for it. Rejections name the ticket itself or the tickets it evicted."""
-        self._check(ticket)
-        spec = self._tiers[ticket.tier]
+    # --- calls --------------------------------------------------------------------------
+
+    def submit(self, ticket: Ticket, now: float) -> None:
+        """Queue a call (again, for one whose slot came back: it keeps its arrival, tier,
+        level and deadline); it gets a slot at once if one is free and nothing more
+        deserving waits for it."""
+        first = self._check(ticket)
+        if first:
+            spec = self._tiers[ticket.tier]
+            ticket.current_tier = ticket.tier
+            ticket.level = bisect.bisect_left(
+                self._settings.level_bounds_s,
+                ticket.est_service_s if ticket.size_s is None else ticket.size_s)
+            ticket.arrived = ticket.entered_level = now
+            max_wait_s = spec.max_wait_s
+            if ticket.max_wait_s is not None:
+                max_wait_s = min(max_wait_s, max(ticket.max_wait_s, 0.0))
+            ticket.deadline = now + max_wait_s
+            gates = [self._gates[d] for d in ticket.candidates]
+            likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
+            self._headroom.record(likely, ticket.tier, ticket.est_service_s, now)
         ticket.state = TicketState.QUEUED
-        ticket.current_tier = ticket.tier
-        ticket.level = bisect.bisect_left(self._settings.level_bounds_s, ticket.est_service_s)
-        ticket.arrived = ticket.entered_level = now
-        max_wait_s = spec.max_wait_s
-        if ticket.max_wait_s is not None:
-            max_wait_s = min(max_wait_s, max(ticket.max_wait_s, 0.0))
-        ticket.deadline = now + max_wait_s
-        likely = next((p for p in ticket.candidates if self._available[p]),
-                      ticket.candidates[0])
-        self._headroom.record(likely, ticket.tier, ticket.est_service_s, now)
+        ticket.visit += 1
+        ticket.queued_at = now
+        if ticket.deadline <= now:
+            self._reject(ticket, "queue_timeout", now, queued=False)
+            return
+        if all(self._gates[d].down(now) for d in ticket.candidates):
+            self._reject(ticket, "upstream_unavailable", now, queued=False)
+            return
         self._catch_up(now)  # calls due to move up join their level before this one
         self._queues.add(ticket)
-        woken: list[Dispatch] = []
-        for provider in dict.fromkeys(ticket.candidates):
-            woken += self._fill(provider, now)
-        own = next((d for d in woken if d.ticket is ticket), None)
-        others = tuple(d for d in woken if d.ticket is not ticket)
-        if own is not None:
-            return SubmitResult(own, (), others)
-        return SubmitResult(None, self._enforce_bounds(ticket), others)
+        for pool in dict.fromkeys(self._gates[d].pool.name for d in ticket.candidates):
+            self._fill(self._pools[pool], now)
+        if ticket.state is TicketState.QUEUED:
+            self._enforce_bounds(ticket, now)
 
-    def release(self, provider: str, now: float, service_s: float | None = None,
-                ticket: Ticket | None = None) -> list[Dispatch]:
-        """A slot on ``provider`` came back; ``service_s`` (how long the call held it) feeds
-        the provider's mean service time shown in ``snapshot``. Pass the ``ticket`` that held
-        it so the headroom counts each tier's running calls exactly; without it the least
-        urgent tier running there is assumed."""
-        if self._inflight.get(provider, 0) <= 0:
-            raise ValueError(f"release of {provider!r} without a slot held")
-        self._inflight[provider] -= 1
-        running = self._running[provider]
-        tier = ticket.current_tier if ticket is not None else -1
-        if not 0 <= tier < len(running) or running[tier] == 0:
-            tier = max(i for i, n in enumerate(running) if n)
-        running[tier] -= 1
-        if service_s is not None:
-            old = self._mean_service.get(provider, service_s)
-            self._mean_service[provider] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
-        return self._fill(provider, now)
+    def release(self, ticket: Ticket, now: float, service_s: float | None = None) -> None:
+        """The slot a ticket holds came back; ``service_s`` (how long it held it) corrects
+        its tier's fair share and the headroom's load, and feeds the provider's mean
+        service time. The ticket may then be submitted again."""
+        if ticket.state is not TicketState.DISPATCHED or ticket.deployment is None:
+            raise ValueError("release of a ticket that holds no slot")
+        gate = self._gates[ticket.deployment]
+        pool = gate.pool
+        pool.inflight -= 1
+        gate.inflight -= 1
+        pool.running[ticket.current_tier] -= 1
+        ticket.state = TicketState.RELEASED
+        if service_s is not None and math.isfinite(service_s) and service_s >= 0:
+            delta = service_s - ticket.est_service_s
+            self._share.charge(ticket.current_tier, delta)
+            self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
+            old = self._mean_service.get(pool.name, service_s)
+            self._mean_service[pool.name] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
+        self._fill(pool, now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
         if ticket.state is TicketState.QUEUED:
-            self._queues.discard(ticket, TicketState.CANCELLED)
+            self._leave(ticket, TicketState.CANCELLED, now)
 
-    def expire(self, now: float) -> list[Rejection]:
-        """Reject every queued ticket whose tier's ``max_wait_s`` has passed."""
-        out: list[Rejection] = []
+    def advance(self, now: float) -> None:
+        """Apply everything due by ``now``: expiries, promotions, pauses that ended, limits
+        that grew back, lapsed holds."""
         for ticket in self._queues.pop_expired(now):
-            self._queues.discard(ticket, TicketState.REJECTED)
-            out.append(Rejection(ticket, "queue_timeout", self._retry_after(ticket)))
+            self._reject(ticket, "queue_timeout", now)
+        self._fill_all(now)
+
+    def take(self) -> Decisions:
+        """The decisions made since the last call, in order: refusals, then grants."""
+        out, self._out = self._out, Decisions()
         return out
 
-    def advance(self, now: float) -> tuple[list[Dispatch], list[Rejection]]:
-        """Apply everything due by ``now``: expiries, promotions, lapsed reservations."""
-        rejections = self.expire(now)
-        dispatches: list[Dispatch] = []
-        for provider in self._capacity:
-            dispatches += self._fill(provider, now)
-        return dispatches, rejections
-
-    def next_deadline(self) -> float | None:
-        """Earliest deadline of a queued ticket."""
-        soonest = self._queues.next_deadline()
-        return soonest if math.isfinite(soonest) else None
-
     def next_wakeup(self, now: float) -> float | None:
-        """When ``advance`` next has something to do: a deadline, or (while a free slot is
-        held back from a waiting call) a reservation lapse or tier promotion."""
+        """When ``advance`` next has something to do: a deadline; or, for a provider with a
+        call waiting for it, a pause or breaker that ends, a limit that grows back, or
+        (while a free slot is held back) a hold that lapses or a tier promotion."""
         soonest = self._queues.next_deadline()
-        for provider, capacity in self._capacity.items():
-            free = capacity - self._inflight[provider]
-            if free <= 0 or not self._available[provider]:
+        for name, pool in self._pools.items():
+            waiting = [t for t in range(len(self._tiers)) if self._queues.count(name, t)]
+            if not waiting:
                 continue
-            for tier in range(len(self._tiers)):
-                if self._queues.count(provider, tier) == 0:
-                    continue
-                soonest = min(soonest, self._queues.next_tier_promotion(tier))
-                lapse = self._headroom.lapse_time(provider, tier, free - 1, now, self._reserves,
-                                                  self._running[provider], capacity)
+            soonest = min(soonest, pool.next_change(now),
+                          *(g.next_change(now) for g in pool.deployments))
+            free = pool.free(now)
+            if free <= 0:
+                continue
+            soonest = min(soonest, self._queues.next_tier_promotion())
+            for tier in waiting:
+                lapse = self._headroom.lapse_time(name, tier, free - 1, now, self._reserves,
+                                                  pool.running, pool.limit)
                 if lapse is not None:
                     soonest = min(soonest, lapse)
         return soonest if math.isfinite(soonest) else None
 
-    def set_capacity(self, provider: str, limit: int, now: float) -> list[Dispatch]:
-        """Change a provider's concurrency limit (a new provider is added). Calls already
-        running above a lowered limit keep their slots until released."""
-        if limit < 0:
-            raise ValueError("limit must not be negative")
-        if provider not in self._capacity:
-            self._add_provider(provider, limit)
-        self._capacity[provider] = limit
-        return self._fill(provider, now)
+    # --- capacity -----------------------------------------------------------------------
 
-    def set_available(self, provider: str, available: bool, now: float) -> list[Dispatch]:
-        """Nothing is dispatched to an unavailable provider (breaker open, paused)."""
-        self._available[self._known(provider)] = available
-        return self._fill(provider, now)
+    def set_max(self, pool: str, max_concurrency: int, now: float) -> None:
+        """Change a provider's configured concurrency (a new provider is added). Calls
+        running above a lowered limit keep their slots until released."""
+        if max_concurrency < 0:
+            raise ValueError("max_concurrency must not be negative")
+        if pool not in self._pools:
+            self._add_pool(pool, max_concurrency)
+        self._pools[pool].set_max(max_concurrency, now)
+        self._fill(self._pools[pool], now)
+
+    def cut(self, pool: str, now: float) -> None:
+        """A 429 from the provider: halve its effective limit (it grows back by itself)."""
+        self._pools[self._known_pool(pool)].cut(now)
+
+    def succeed(self, pool: str, now: float) -> None:
+        target = self._pools[self._known_pool(pool)]
+        target.succeed(now)
+        self._fill(target, now)
+
+    def pause(self, target: str, until: float, now: float) -> None:
+        """Send nothing through a provider (its name) or a deployment until ``until``; a
+        later pause never shortens an earlier one. Queued calls keep their place."""
+        if target in self._pools:
+            gate_or_pool: Pool | Gate = self._pools[target]
+        else:
+            gate_or_pool = self._gates[self._known_gate(target)]
+        gate_or_pool.paused_until = max(gate_or_pool.paused_until, until)
+        self._fill_all(now)
+
+    def set_down(self, deployment: str, until: float, probes: int, now: float) -> None:
+        """The deployment's breaker opened: nothing goes through it until ``until``, then at
+        most ``probes`` calls at once until ``set_up``. Queued calls with no other live
+        candidate are refused now (``upstream_unavailable``)."""
+        gate = self._gates[self._known_gate(deployment)]
+        gate.down_until = until
+        gate.probes = probes
+        for ticket in self._queues:
+            if deployment in ticket.candidates and all(
+                    self._gates[d].down(now) for d in ticket.candidates):
+                self._reject(ticket, "upstream_unavailable", now)
+        self._fill_all(now)
+
+    def set_up(self, deployment: str, now: float) -> None:
+        """The deployment's breaker closed: no probe limit any more."""
+        gate = self._gates[self._known_gate(deployment)]
+        gate.down_until = -math.inf
+        gate.probes = None
+        self._fill(gate.pool, now)
 
     def set_policy(self, weights: Mapping[int, float] | None, reserves: Mapping[int, int] | None,
-                   now: float) -> list[Dispatch]:
+                   now: float) -> None:
         """Override tier weights and fixed reserves (time-of-day schedules); None restores
         the configured values. Tiers missing from a mapping keep their configured value."""
         new_weights = [(weights or {}).get(i, spec.weight) for i, spec in enumerate(self._tiers)]
@@ -200,24 +257,43 @@ class Scheduler:
             raise ValueError("weights must be positive")
         if any(r is not None and r < 0 for r in new_reserves):
             raise ValueError("reserves must not be negative")
-        self._weights, self._reserves = new_weights, new_reserves
-        dispatches: list[Dispatch] = []
-        for provider in self._capacity:
-            dispatches += self._fill(provider, now)
-        return dispatches
+        self._share.weights, self._reserves = new_weights, new_reserves
+        self._fill_all(now)
+
+    # --- views --------------------------------------------------------------------------
 
     def depth(self, tier: int) -> int:
         return self._queues.depth[tier]
 
-    def inflight(self, provider: str) -> int:
-        return self._inflight.get(provider, 0)
+    def inflight(self, pool: str) -> int:
+        found = self._pools.get(pool)
+        return 0 if found is None else found.inflight
 
-    def capacity(self, provider: str) -> int:
-        return self._capacity.get(provider, 0)
+    def capacity(self, pool: str) -> int:
+        """The provider's effective concurrency limit now (adaptive, at most its max)."""
+        found = self._pools.get(pool)
+        return 0 if found is None else found.limit
 
-    def held_back(self, provider: str, tier: int, now: float) -> int:
-        """Free slots of ``provider`` that ``tier`` may not take right now."""
-        return self._held(self._known(provider), now)[tier]
+    def paused_until(self, target: str) -> float:
+        found: Pool | Gate | None = self._pools.get(target) or self._gates.get(target)
+        return -math.inf if found is None else found.paused_until
+
+    def held_back(self, pool: str, tier: int, now: float) -> int:
+        """Free slots of ``pool`` that ``tier`` may not take while no more urgent call waits."""
+        return self._held(self._pools[self._known_pool(pool)], now)[tier]
+
+    def expected_wait_s(self, deployment: str, tier: int, service_s: float,
+                        now: float) -> float:
+        """A rough queue wait for a new call of ``tier`` through ``deployment``: the work
+        queued at that tier or more urgent ones that this provider could serve, shared by
+        its slots, and at least any pause in force."""
+        gate = self._gates[self._known_gate(deployment)]
+        pool = gate.pool
+        paused = max(pool.paused_until, gate.paused_until, gate.down_until) - now
+        ahead = sum(self._queues.pool_seconds(pool.name, t) for t in range(tier + 1))
+        busy = ahead or pool.free(now) <= 0
+        wait = (ahead + service_s) / max(pool.limit, 1) if busy else 0.0
+        return max(wait, paused, 0.0)
 
     def snapshot(self, now: float) -> dict[str, object]:
         tiers = []
@@ -225,7 +301,7 @@ class Scheduler:
             oldest = self._queues.oldest_arrival(i)
             tiers.append({
                 "name": spec.name,
-                "weight": self._weights[i],
+                "weight": self._share.weights[i],
                 "depth": self._queues.depth[i],
                 "by_level": list(self._queues.level_depth[i]),
                 "oldest_wait_s": round(now - oldest, 3) if math.isfinite(oldest) else 0.0,
@@ -233,120 +309,197 @@ class Scheduler:
             })
         providers = {
             name: {
-                "inflight": self._inflight[name],
-                "limit": capacity,
-                "available": self._available[name],
-                "held_back": self._held(name, now),
-                "running_by_tier": list(self._running[name]),
+                "inflight": pool.inflight,
+                "limit": pool.limit,
+                "max_concurrency": pool.max_concurrency,
+                "paused_for_s": round(max(0.0, pool.paused_until - now), 3),
+                "held_back": self._held(pool, now),
+                "running_by_tier": list(pool.running),
                 "mean_service_s": self._mean_service.get(name),
+                "deployments": {
+                    g.id: {"inflight": g.inflight,
+                           "paused_for_s": round(max(0.0, g.paused_until - now), 3),
+                           "down_for_s": round(max(0.0, g.down_until - now), 3),
+                           "probes": g.probes}
+                    for g in pool.deployments if g.id != name
+                },
             }
-            for name, capacity in self._capacity.items()
+            for name, pool in self._pools.items()
         }
         return {"queued": self._queues.queued, "tiers": tiers, "providers": providers}
 
-    def _fill(self, provider: str, now: float) -> list[Dispatch]:
-        """Hand out free slots of ``provider`` while an eligible ticket waits."""
-        out: list[Dispatch] = []
-        if not self._available[provider]:
-            return out
+    # --- the policy ---------------------------------------------------------------------
+
+    def _fill_all(self, now: float) -> None:
+        for pool in self._pools.values():
+            self._fill(pool, now)
+
+    def _fill(self, pool: Pool, now: float) -> None:
+        """Hand out free slots of ``pool`` while an eligible ticket waits."""
+        if not self._queues.queued or pool.free(now) <= 0:
+            return
         self._catch_up(now)
-        while self._queues.queued and self._capacity[provider] > self._inflight[provider]:
-            ticket = self._choose(provider, now)
-            if ticket is None:
-                break
+        while self._queues.queued and pool.free(now) > 0:
+            chosen = self._choose(pool, now)
+            if chosen is None:
+                return
+            ticket, gate = chosen
             tier = ticket.current_tier
             self._queues.discard(ticket, TicketState.DISPATCHED)
             ticket.dispatched_at = now
-            ticket.provider = provider
-            self._inflight[provider] += 1
-            self._running[provider][tier] += 1
-            self._virtual[tier] += ticket.est_service_s / self._weights[tier]
-            out.append(Dispatch(ticket, provider))
-        return out
+            ticket.waited_s += now - ticket.queued_at
+            ticket.deployment = gate.id
+            ticket.pool = pool.name
+            pool.inflight += 1
+            gate.inflight += 1
+            pool.running[tier] += 1
+            self._share.charge(tier, ticket.est_service_s)
+            self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
         self._queues.promote_tiers(now)
         self._queues.age(now)
 
-    def _choose(self, provider: str, now: float) -> Ticket | None:
-        free = self._capacity[provider] - self._inflight[provider]
-        held = self._headroom.iter_held(provider, now, self._reserves, self._running[provider],
-                                        self._capacity[provider])
-        credit_line = self._sync_floor() + self._settings.quantum_s
-        chosen: int | None = None
-        for tier, held_back in enumerate(held):
-            if free <= held_back:
-                break  # what is held against a tier is held against every tier below it
-            if self._queues.count(provider, tier) == 0:
-                continue
-            if self._virtual[tier] < credit_line:
-                chosen = tier
-                break
-            if chosen is None or self._virtual[tier] < self._virtual[chosen]:
-                chosen = tier
-        return None if chosen is None else self._queues.head(chosen, provider)
+    def _choose(self, pool: Pool, now: float) -> tuple[Ticket, Gate] | None:
+        heads: dict[int, tuple[Ticket, Gate]] = {}
+        for tier in range(len(self._tiers)):
+            if self._queues.count(pool.name, tier):
+                head = self._head(pool, tier, now, oldest=False)
+                if head is not None:
+                    heads[tier] = head
+        if not heads:
+            return None
+        share = self._share
+        line = share.sync(self._queues.depth) + self._settings.quantum_s
+        most_urgent = min(heads)
+        chosen = next((t for t in sorted(heads) if share.virtual[t] < line),
+                      min(heads, key=lambda t: share.virtual[t]))
+        oldest = {t: self._head(pool, t, now, oldest=True) or heads[t] for t in heads}
+        if chosen != most_urgent and not self._at_risk(oldest[chosen][0], now):
+            at_risk = [t for t in heads if t < chosen and self._at_risk(oldest[t][0], now)]
+            if at_risk:
+                chosen = min(at_risk, key=lambda t: oldest[t][0].deadline)
+        if chosen == most_urgent and pool.free(now) <= self._held(pool, now)[chosen]:
+            return None  # keep the slot for the more urgent arrivals the headroom expects
+        if self._at_risk(oldest[chosen][0], now):
+            return oldest[chosen]
+        return heads[chosen]
 
-    def _sync_floor(self) -> float:
-        """Virtual time of the most under-served waiting tier; a tier that starts waiting
-        again is brought up to it, so idling banks no credit."""
-        depth = self._queues.depth
-        lowest = math.inf
-        for tier, active in enumerate(self._active):
-            waiting = depth[tier] > 0
-            if waiting and not active:
-                self._virtual[tier] = max(self._virtual[tier], self._floor)
-            self._active[tier] = waiting
-            if waiting and self._virtual[tier] < lowest:
-                lowest = self._virtual[tier]
-        if lowest != math.inf:
-            self._floor = max(self._floor, lowest)
-        return self._floor
+    def _head(self, pool: Pool, tier: int, now: float,
+              oldest: bool) -> tuple[Ticket, Gate] | None:
+        """The ticket of ``tier`` that ``pool`` should take: the top level first, oldest
+        arrival within it (``oldest``: the oldest arrival whatever its level), and the
+        first open gate of its candidates in this pool."""
+        best: tuple[Ticket, Gate] | None = None
+        for level in range(self._settings.levels):
+            for lane in self._queues.lanes(pool.name, tier, level):
+                ticket = lane.head()
+                if ticket is None or (best is not None and ticket.order >= best[0].order):
+                    continue
+                gate = _open_gate(lane, pool.name, now)
+                if gate is not None:
+                    best = (ticket, gate)
+            if best is not None and not oldest:
+                return best
+        return best
 
-    def _held(self, provider: str, now: float) -> list[int]:
-        return self._headroom.held(provider, now, self._reserves, self._running[provider],
-                                   self._capacity[provider])
+    def _at_risk(self, ticket: Ticket, now: float) -> bool:
+        spec = self._tiers[ticket.current_tier]
+        return ticket.deadline - now < self._settings.rescue_fraction * spec.max_wait_s
 
-    def _enforce_bounds(self, ticket: Ticket) -> tuple[Rejection, ...]:
+    def _held(self, pool: Pool, now: float) -> list[int]:
+        return self._headroom.held(pool.name, now, self._reserves, pool.running, pool.limit)
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _reject(self, ticket: Ticket, code: str, now: float, queued: bool = True) -> None:
+        retry_after = self._retry_after(ticket, now)
+        if queued:
+            self._leave(ticket, TicketState.REJECTED, now)
+        else:
+            ticket.state = TicketState.REJECTED
+        self._out.rejections.append(Rejection(ticket, code, retry_after))
+
+    def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
+        self._queues.discard(ticket, state)
+        ticket.waited_s += now - ticket.queued_at
+
+    def _enforce_bounds(self, ticket: Ticket, now: float) -> None:
         tier = ticket.current_tier
         limit = self._tiers[tier].max_queue
-        over_tier = limit is not None and self._queues.depth[tier] > limit
+        depth = self._queues.depth
+        over_tier = limit is not None and depth[tier] > limit
         if not over_tier and self._queues.queued <= self._settings.max_queue:
-            return ()
+            return
         if not over_tier:
-            victim_tier = max(i for i, d in enumerate(self._queues.depth) if d)
+            victim_tier = max(i for i, d in enumerate(depth) if d)
             victim = self._queues.newest(victim_tier)
             if victim_tier > tier and victim is not None:
-                self._queues.discard(victim, TicketState.REJECTED)
-                return (Rejection(victim, "evicted", self._retry_after(victim)),)
-        self._queues.discard(ticket, TicketState.REJECTED)
-        return (Rejection(ticket, "queue_full", self._retry_after(ticket)),)
+                self._reject(victim, "evicted", now)
+                return
+        self._reject(ticket, "queue_full", now)
 
-    def _retry_after(self, ticket: Ticket) -> float:
-        """Estimated time to drain the queued work at or above the ticket's tier."""
+    def _retry_after(self, ticket: Ticket, now: float) -> float:
+        """The soonest a candidate is back for a call whose every candidate is down, else
+        the estimated time to drain the queued work at or above the ticket's tier."""
+        gates = [self._gates[d] for d in ticket.candidates]
+        if all(g.down(now) for g in gates):
+            back = min(g.down_until for g in gates) - now
+            return min(max(back, _RETRY_AFTER_MIN_S), _RETRY_AFTER_MAX_S)
         ahead = sum(self._queues.queued_s[: ticket.current_tier + 1])
-        slots = sum(self._capacity[p] for p in set(ticket.candidates) if self._available[p])
+        slots = sum(p.limit for p in {g.pool.name: g.pool for g in gates}.values())
         drain = ahead / slots if slots else _RETRY_AFTER_MAX_S
         return min(max(drain, _RETRY_AFTER_MIN_S), _RETRY_AFTER_MAX_S)
 
-    def _check(self, ticket: Ticket) -> None:
-        if ticket.state is not TicketState.NEW:
-            raise ValueError("a ticket can be submitted once")
+    def _check(self, ticket: Ticket) -> bool:
+        """Validate a submission; True for a ticket's first."""
+        if ticket.state not in (TicketState.NEW, TicketState.RELEASED):
+            raise ValueError("only a new ticket, or one whose slot came back, can be queued")
         if not 0 <= ticket.tier < len(self._tiers):
             raise ValueError(f"tier {ticket.tier} out of range")
+        if not 0 <= ticket.ceiling <= ticket.tier:
+            raise ValueError("ceiling must be a tier at least as urgent as the ticket's own")
         if not ticket.candidates:
-            raise ValueError("a ticket needs at least one candidate provider")
-        for provider in ticket.candidates:
-            self._known(provider)
-        if not ticket.est_service_s >= 0 or not math.isfinite(ticket.est_service_s):
-            raise ValueError("est_service_s must be a finite non-negative number")
+            raise ValueError("a ticket needs at least one candidate")
+        for deployment in ticket.candidates:
+            self._known_gate(deployment)
+        for value in (ticket.est_service_s, ticket.size_s):
+            if value is not None and (not value >= 0 or not math.isfinite(value)):
+                raise ValueError("est_service_s and size_s must be finite and non-negative")
+        return ticket.state is TicketState.NEW
 
-    def _known(self, provider: str) -> str:
-        if provider not in self._capacity:
-            raise ValueError(f"unknown provider {provider!r}")
-        return provider
+    def _known_pool(self, pool: str) -> str:
+        if pool not in self._pools:
+            raise ValueError(f"unknown provider {pool!r}")
+        return pool
 
-    def _add_provider(self, provider: str, limit: int) -> None:
-        self._capacity[provider] = limit
-        self._inflight[provider] = 0
-        self._running[provider] = [0] * len(self._tiers)
-        self._available[provider] = True
+    def _known_gate(self, deployment: str) -> str:
+        if deployment not in self._gates:
+            raise ValueError(f"unknown deployment {deployment!r}")
+        return deployment
+
+    def _add_pool(self, name: str, limit: int) -> None:
+        pool = self._pools[name] = Pool(name, limit, running=[0] * len(self._tiers))
+        gate = self._gates[name] = Gate(name, pool)
+        pool.deployments.append(gate)
+
+    def _add_gate(self, deployment: str, pool: str) -> None:
+        if deployment in self._gates:
+            if self._gates[deployment].pool.name != pool:
+                raise ValueError(f"deployment {deployment!r} belongs to another provider")
+            return
+        owner = self._pools[self._known_pool(pool)]
+        gate = self._gates[deployment] = Gate(deployment, owner)
+        owner.deployments.append(gate)
+
+    def _gates_by_pool(self, candidates: tuple[str, ...]) -> dict[str, tuple[Gate, ...]]:
+        by_pool: dict[str, list[Gate]] = {}
+        for deployment in dict.fromkeys(candidates):
+            gate = self._gates[deployment]
+            by_pool.setdefault(gate.pool.name, []).append(gate)
+        return {pool: tuple(gates) for pool, gates in by_pool.items()}
+
+
+def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:
+    return next((g for g in lane.gates[pool] if g.open(now)), None)
+

@@ -54,6 +54,7 @@ class SchedulerSettings:
     headroom_scale: float = 0.5
     headroom_horizon_s: float = 30.0
     quantum_s: float = 5.0
+    rescue_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -86,6 +87,8 @@ class SchedulerSettings:
             raise ValueError("headroom_horizon_s: must be positive")
         if not self.quantum_s > 0:
             raise ValueError("quantum_s: must be positive")
+        if not 0 <= self.rescue_fraction <= 1:
+            raise ValueError("rescue_fraction: must be between 0 and 1")
 
     @property
     def levels(self) -> int:
@@ -96,54 +99,72 @@ class TicketState(enum.Enum):
     NEW = "new"
     QUEUED = "queued"
     DISPATCHED = "dispatched"
+    RELEASED = "released"  # its slot came back; it may be queued again (a re-try)
     REJECTED = "rejected"
     CANCELLED = "cancelled"
 
 
 @dataclass(eq=False)
 class Ticket:
-    """One call asking for a slot. The fields after ``payload`` belong to the scheduler."""
+    """One call asking for a slot. The fields after ``max_wait_s`` belong to the scheduler.
+
+    ``candidates`` are deployment ids (``provider/model``; a bare pool name stands for the
+    pool itself), preferred first. ``est_service_s`` is the learned estimate, charged to the
+    tier's fair share and the headroom and corrected by the real service time at release;
+    ``size_s`` is a stable measure of the call's size that picks its level (default: the
+    estimate), so identical calls always join the same level. ``ceiling`` is the most
+    urgent tier aging may move the call into.
+    """
 
     tier: int
     candidates: tuple[str, ...]
     est_service_s: float
+    size_s: float | None = None
+    ceiling: int = 0
     payload: object = None
-    max_wait_s: float | None = None  # shorter than the tier's, e.g. what is left of it
+    max_wait_s: float | None = None  # shorter than the tier's, e.g. what a caller allows
     state: TicketState = field(init=False, default=TicketState.NEW)
     current_tier: int = field(init=False, default=0)
     level: int = field(init=False, default=0)
     arrived: float = field(init=False, default=math.nan)
     deadline: float = field(init=False, default=math.nan)
     dispatched_at: float = field(init=False, default=math.nan)
-    provider: str | None = field(init=False, default=None)
+    deployment: str | None = field(init=False, default=None)  # the gate it went through
+    pool: str | None = field(init=False, default=None)
     entered_level: float = field(init=False, default=math.nan)
-    order: int = field(init=False, default=0)
-    seq: int = field(init=False, default=0)
+    order: int = field(init=False, default=-1)  # arrival order: FIFO key, kept on re-queue
+    epoch: int = field(init=False, default=0)  # bumped on every move; older entries are stale
+    visit: int = field(init=False, default=0)  # bumped on every pass through the queue
+    promoted: bool = field(init=False, default=False)  # moved up a tier (once)
+    queued_at: float = field(init=False, default=math.nan)  # start of this pass
+    waited_s: float = field(init=False, default=0.0)  # queued time over every pass
 
     @property
     def wait_s(self) -> float:
-        """Seconds from arrival to dispatch (NaN until dispatched)."""
+        """Seconds from arrival to the last dispatch (NaN until dispatched)."""
         return self.dispatched_at - self.arrived
 
 
 @dataclass(frozen=True)
 class Dispatch:
     ticket: Ticket
-    provider: str
+    deployment: str
+    pool: str
 
 
 @dataclass(frozen=True)
 class Rejection:
     ticket: Ticket
-    code: str
+    code: str  # queue_full | evicted | queue_timeout | upstream_unavailable
     retry_after_s: float
 
 
-@dataclass(frozen=True)
-class SubmitResult:
-    """``dispatch`` is the submitted ticket's own slot; ``woken`` lists other queued tickets
-    that got a slot during the same call (only when time alone made them eligible)."""
+@dataclass
+class Decisions:
+    """What the scheduler decided since it was last asked, in order."""
 
-    dispatch: Dispatch | None
-    rejections: tuple[Rejection, ...]
-    woken: tuple[Dispatch, ...] = ()
+    dispatches: list[Dispatch] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.dispatches or self.rejections)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from ..core.errors import UpstreamBadResponse, UpstreamError
-from ..core.plan import Plan
+from ..core.fleet import Verdict
 from ..core.route import Deployment
-from .accounting import account
 from .service import Service
 from .state import COMMITTED, REQUEST_ID
 from .upstream import UpstreamResponse
@@ -109,14 +109,24 @@ def passthrough_headers(upstream: Mapping[str, str]) -> dict[str, str]:
 
 
 def answer_headers(
-    request: web.Request, plan: Plan, deployment: Deployment, response: UpstreamResponse
+    request: web.Request, tier_name: str, queue_s: float, deployment: Deployment,
+    response: UpstreamResponse,
 ) -> dict[str, str]:
     headers = passthrough_headers(response.headers)
     headers["x-request-id"] = request[REQUEST_ID]
-    headers["x-proxy-tier"] = plan.tier_name
-    headers["x-proxy-queue-ms"] = str(round(plan.queue_s * 1000))
+    headers["x-proxy-tier"] = tier_name
+    headers["x-proxy-queue-ms"] = str(round(queue_s * 1000))
     headers["x-proxy-upstream"] = deployment.id
     return headers
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """How a relayed stream ended, and the usage it reported (or the events it counted)."""
+
+    verdict: Verdict
+    prompt_tokens: object
+    completion_tokens: object
 
 
 class _ClientGone(Exception):
@@ -143,23 +153,20 @@ def _hang_up(request: web.Request) -> None:
 async def relay(
     service: Service,
     request: web.Request,
-    plan: Plan,
+    headers: dict[str, str],
     deployment: Deployment,
-    response: UpstreamResponse,
     chunks: AsyncIterator[bytes],
     first: bytes,
     strip_usage: bool,
-    started: float,
-    ttft: float,
     expect_done: bool,
-) -> tuple[web.StreamResponse, str]:
+) -> tuple[web.StreamResponse, Relayed]:
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     With ``expect_done`` (chat completions) a stream that ends without ``[DONE]`` was cut."""
-    answer = web.StreamResponse(headers=answer_headers(request, plan, deployment, response))
+    answer = web.StreamResponse(headers=headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
     tally = StreamTally(strip_usage)
-    verdict = "success"
+    verdict = Verdict.SUCCESS
     request[COMMITTED] = True
     try:
         await _to_client(answer.prepare(request), timeout_s)
@@ -175,7 +182,7 @@ async def relay(
             raise UpstreamBadResponse("the provider's stream ended without [DONE]")
         await _to_client(answer.write_eof(), timeout_s)
     except UpstreamError as exc:
-        verdict = "failure"
+        verdict = Verdict.FAILURE
         service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
         # The blank lines close any event the upstream left half-written (after a whole
         # event they are a no-op), so the error event always parses.
@@ -186,14 +193,11 @@ async def relay(
         except _ClientGone:
             _hang_up(request)
     except _ClientGone:
-        verdict = "abandon"
+        verdict = Verdict.ABANDONED
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
         _hang_up(request)
-    finally:
-        response.close()
     usage = tally.usage or {}
     completion = usage.get("completion_tokens")
-    account(service, plan, deployment, usage.get("prompt_tokens"),
-             completion if isinstance(completion, int) else max(tally.events - 2, 0),
-             ttft, service.clock.now() - started)
-    return answer, verdict
+    if completion is None:
+        completion = max(tally.events - 2, 0)  # content events, less the role and stop ones
+    return answer, Relayed(verdict, usage.get("prompt_tokens"), completion)

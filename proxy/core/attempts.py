@@ -1,0 +1,300 @@
+"""The life of one call, from admission to answer, as a pure policy: events in, commands out.
+
+A driver (``proxy.http.forward`` over sockets, or a simulator on a virtual clock) asks
+``start`` for the first command, carries each command out, and reports what happened::
+
+    start ─▶ Queue(ticket) ─granted─▶ Send(deployment) ─finished─▶ Done
+               ▲      │ refused             │
+               │      ▼                     ├─ 429: its deployment pauses; queued again, in
+               │    Fail(error)             │        its place, until the tier's deadline
+               │                            ├─ 5xx, timeout: the next candidate, or the same
+               └── Wait(backoff) ◀──────────┤        one after a backoff (retry budget)
+                                            └─ 401/403: the next candidate, else 502
+                                                     upstream_auth_error
+
+Before the first byte reaches the client a failed attempt may move on (bounded by
+``retry.max_attempts``); after it (``Result.committed``), never. Whatever path a call
+takes, its key's rate-limit share is settled exactly once: reconciled with the usage if
+it went upstream, refunded if it never did.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .engine import Engine, Usage
+from .errors import (
+    Evicted,
+    ProxyError,
+    QueueFull,
+    QueueTimeout,
+    RateLimited,
+    Shed,
+    UpstreamAuthError,
+    UpstreamUnavailable,
+)
+from .fleet import Start, Verdict
+from .plan import Plan
+from .retry import backoff_s
+from .route import Deployment, degrade, rank
+from .scheduler import Ticket, TicketState
+
+_REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
+    "queue_full": (QueueFull, "The proxy's queue is full; retry later."),
+    "evicted": (Evicted, "A more urgent call took this call's place in the queue; retry later."),
+    "queue_timeout": (QueueTimeout, "The call waited longer than its tier allows; retry later."),
+    "upstream_unavailable": (UpstreamUnavailable, "Every provider for this model is unavailable."),
+}
+
+
+@dataclass(frozen=True)
+class Queue:
+    """Wait in the scheduler with ``ticket`` (submitted anew or again) until granted."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Send:
+    """Call ``deployment`` now, holding the granted slot; then report ``finished``."""
+
+    deployment: Deployment
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Back off until ``until``, then report ``resume``."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Answer the client with the proxy's own error."""
+
+    error: ProxyError
+
+
+@dataclass(frozen=True)
+class PassThrough:
+    """Answer the client with the last upstream failure, as the upstream sent it."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """The client has its answer (or has left)."""
+
+
+Command = Queue | Send | Wait | Fail | PassThrough | Done
+
+
+@dataclass(frozen=True)
+class Result:
+    """What became of a ``Send``."""
+
+    verdict: Verdict
+    status: int | None = None  # the upstream's HTTP status, when it answered
+    retry_after_s: float | None = None
+    committed: bool = False  # bytes reached the client: no further attempt
+    error: ProxyError | None = None  # the proxy's own error when the upstream did not answer
+    prompt_tokens: object = None  # as the upstream reported them
+    completion_tokens: object = None
+    ttft_s: float | None = None
+
+
+class Attempts:
+    def __init__(self, engine: Engine, plan: Plan) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.ticket: Ticket | None = None
+        self.deployment: Deployment | None = None  # the attempt in flight
+        self.attempts = 0
+        self.last: Result | None = None  # the last failure, passed through if nothing better
+        self.usage: Usage | None = None
+        self._started = math.nan
+        self._failed: set[str] = set()  # deployments that failed this call: tried last
+        self._failed_providers: set[str] = set()  # a new attempt there is a re-try
+        self._excluded: set[str] = set()  # deployments that refused the proxy's key
+        self._pending: list[Deployment] = []
+        self._key_open = False  # the key's share is taken and not yet settled
+        self._sent = False
+
+    @property
+    def queue_s(self) -> float:
+        return 0.0 if self.ticket is None else self.ticket.waited_s
+
+    # --- events -------------------------------------------------------------------------
+
+    def start(self, now: float) -> Command:
+        plan = self.plan
+        wait_s = self.engine.fleet.take_key(plan.caller, plan.tokens, now)
+        if wait_s > 0:
+            return Fail(RateLimited(f"The key '{plan.caller}' is over its rate limit.",
+                                    retry_after=wait_s))
+        self._key_open = True
+        return self._route(now)
+
+    def granted(self, deployment_id: str, now: float) -> Command:
+        """The scheduler gave ``ticket`` a slot through ``deployment_id``."""
+        ticket = self._ticket()
+        deployment = next(d for d in self.plan.route.candidates if d.id == deployment_id)
+        retry = deployment.provider in self._failed_providers
+        start = self.engine.fleet.begin(deployment, retry, self._tokens(deployment), now)
+        if start is Start.GO:
+            self.deployment = deployment
+            self._started = now
+            self.attempts += 1
+            self._sent = True
+            return Send(deployment)
+        self.engine.scheduler.release(ticket, now)
+        if start is Start.RATE_LIMITED:  # its provider is paused now; wait in place
+            return Queue(ticket)
+        if start is Start.DOWN:
+            return self._route(now)
+        return self._give_up(now)
+
+    def refused(self, code: str, retry_after_s: float, now: float) -> Command:
+        """The scheduler refused the ticket (``Rejection.code``)."""
+        if code == "upstream_unavailable" and self.last is not None:
+            return self._give_up(now)
+        error_type, message = _REFUSALS[code]
+        self._settle_key(None, now)
+        return Fail(error_type(message, retry_after=retry_after_s))
+
+    def finished(self, result: Result, now: float) -> Command:
+        """The ``Send`` is over: its slot comes back and the fleet learns the verdict."""
+        deployment = self.deployment
+        ticket = self._ticket()
+        if deployment is None:
+            raise RuntimeError("finished without an attempt in flight")
+        self.deployment = None
+        self.engine.scheduler.release(ticket, now, now - self._started)
+        verdict = result.verdict
+        usage = self.engine.usage(self.plan, deployment, result.prompt_tokens,
+                                  result.completion_tokens)
+        succeeded = verdict is Verdict.SUCCESS
+        self.engine.fleet.end(deployment, verdict, now, self._started,
+                              self._tokens(deployment), usage.total if succeeded else None,
+                              result.retry_after_s)
+        if succeeded or result.committed or verdict is Verdict.ABANDONED:
+            if succeeded:
+                self.usage = usage
+                self.engine.learn(self.plan, deployment, usage, result.ttft_s,
+                                  now - self._started)
+            self._settle_key(usage.total if succeeded else self.plan.tokens, now)
+            return Done()
+        if verdict is Verdict.THROTTLED:
+            return Queue(ticket)  # its deployment is paused; it goes again when that ends
+        self.last = result
+        if verdict is Verdict.AUTH:
+            self._excluded.add(deployment.id)
+        else:
+            self._failed.add(deployment.id)
+            self._failed_providers.add(deployment.provider)
+        if self.attempts >= self.engine.retry.max_attempts:
+            return self._give_up(now)
+        return self._route(now)
+
+    def resume(self, now: float) -> Command:
+        """The backoff of a ``Wait`` is over."""
+        if now >= self.plan.deadline:
+            return self._give_up(now)
+        return self._queue(self._pending, now)
+
+    def abandon(self, now: float) -> None:
+        """The driver stops (the client left, or an error escaped): give back whatever the
+        call still holds. Safe to call at any time, more than once."""
+        ticket = self.ticket
+        if ticket is not None and ticket.state is TicketState.QUEUED:
+            self.engine.scheduler.cancel(ticket, now)
+        if self.deployment is not None:
+            self.finished(Result(Verdict.ABANDONED), now)
+        elif ticket is not None and ticket.state is TicketState.DISPATCHED:
+            self.engine.scheduler.release(ticket, now)
+        self._settle_key(self.plan.tokens if self._sent else None, now)
+
+    # --- decisions ----------------------------------------------------------------------
+
+    def _route(self, now: float) -> Command:
+        plan, engine = self.plan, self.engine
+        ranked = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
+                      engine.stats(plan.route.candidates, now), engine.rng)
+        usable = [d for d in ranked if d.id not in self._excluded]
+        if not usable:
+            return self._give_up(now)
+        fresh = [d for d in usable if d.id not in self._failed]
+        if fresh:
+            return self._degrade(fresh, now)
+        # Only deployments that already failed this call are left: the same provider again
+        # after a backoff, if the deadline leaves room (the retry budget is asked at grant).
+        last = self.last
+        pause = backoff_s(self.attempts, engine.rng, base=engine.retry.backoff_base_s,
+                          cap=engine.retry.backoff_max_s,
+                          retry_after_s=last.retry_after_s if last else None)
+        if now + pause >= plan.deadline:
+            return self._give_up(now)
+        self._pending = usable
+        return Wait(now + pause)
+
+    def _degrade(self, ranked: list[Deployment], now: float) -> Command:
+        plan = self.plan
+        if plan.route.degradation is None:
+            return self._queue(ranked, now)
+        scheduler = self.engine.scheduler
+        waits = {d.id: scheduler.expected_wait_s(d.id, plan.tier,
+                                                 self.engine.service_s(plan, d)[0], now)
+                 for d in ranked}
+        decision = degrade(plan.route, plan.tier_name, ranked, waits)
+        if decision.action == "shed":
+            self._settle_key(None, now)
+            return Fail(Shed(f"The '{plan.tier_name}' tier is shed: the expected wait is "
+                             "too long.", retry_after=decision.retry_after_s))
+        return self._queue(list(decision.deployments), now)
+
+    def _queue(self, candidates: list[Deployment], now: float) -> Command:
+        plan = self.plan
+        estimate, size = self.engine.service_s(plan, candidates[0])
+        ids = tuple(d.id for d in candidates)
+        if self.ticket is None:
+            self.ticket = Ticket(plan.tier, ids, estimate, size_s=size, ceiling=plan.ceiling,
+                                 payload=self, max_wait_s=plan.deadline - now)
+        else:
+            self.ticket.candidates = ids
+            self.ticket.est_service_s = estimate
+        return Queue(self.ticket)
+
+    def _give_up(self, now: float) -> Command:
+        self._settle_key(self.plan.tokens if self._sent else None, now)
+        last = self.last
+        if last is None:
+            return Fail(self._unavailable(now))
+        if last.verdict is Verdict.AUTH:
+            return Fail(UpstreamAuthError(
+                "Every provider for this model refused the proxy's credentials."))
+        if last.status is not None:
+            return PassThrough()
+        return Fail(last.error or self._unavailable(now))
+
+    def _unavailable(self, now: float) -> UpstreamUnavailable:
+        breakers = self.engine.fleet.breakers
+        retry_at = min((breakers[d.id].retry_at(now) for d in self.plan.route.candidates),
+                       default=now + 1.0)
+        return UpstreamUnavailable(
+            f"Every provider for '{self.plan.call.model}' is unavailable.",
+            retry_after=max(retry_at - now, 1.0) if math.isfinite(retry_at) else 1.0,
+        )
+
+    def _settle_key(self, actual: int | None, now: float) -> None:
+        if self._key_open:
+            self._key_open = False
+            self.engine.fleet.settle_key(self.plan.caller, self.plan.tokens, actual, now)
+
+    def _tokens(self, deployment: Deployment) -> int:
+        return self.plan.prompt_tokens + min(self.plan.output_tokens,
+                                             deployment.max_output_tokens)
+
+    def _ticket(self) -> Ticket:
+        if self.ticket is None:
+            raise RuntimeError("no ticket yet")
+        return self.ticket

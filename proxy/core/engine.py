@@ -1,0 +1,147 @@
+"""One running proxy's pure state: scheduler, provider health, estimators and the policy
+that turns a parsed call into a plan. The HTTP driver and the simulator both drive it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .classify import ClassifySettings, Principal, RequestFacts, classify
+from .errors import ModelNotFound
+from .estimate import EstimateSettings, LatencyModel, OutputEstimator
+from .fleet import Fleet, TransitionHook
+from .plan import Plan
+from .provider import Provider
+from .request import Call
+from .retry import RetrySettings
+from .route import Deployment, DeploymentStats, ModelRoute
+from .scheduler import Scheduler, SchedulerSettings
+
+# Usage an upstream reports is believed only within these bounds: a prompt at most this
+# many times the proxy's own count (plus a margin for images and other tokenizers), and no
+# reply longer than this, whatever the call asked for.
+PROMPT_PLAUSIBLE_FACTOR = 4
+PROMPT_PLAUSIBLE_MARGIN = 10_000
+COMPLETION_PLAUSIBLE_MAX = 1_000_000
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    reported: bool  # the completion count came from the call, plausibly; else an estimate
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        scheduler: SchedulerSettings,
+        classify: ClassifySettings,
+        providers: Mapping[str, Provider],
+        models: Mapping[str, ModelRoute],
+        principals: Iterable[Principal] = (),
+        retry: RetrySettings | None = None,
+        estimate: EstimateSettings | None = None,
+        rng: random.Random | None = None,
+        on_transition: TransitionHook | None = None,
+    ) -> None:
+        self.settings = scheduler
+        self.classify = classify
+        self.providers = providers
+        self.models = models
+        self.retry = retry or RetrySettings()
+        self.estimate = estimate or EstimateSettings()
+        self.rng = rng or random.Random()
+        deployments = [d for route in models.values() for d in route.candidates]
+        self.scheduler = Scheduler(
+            scheduler, {name: p.max_concurrency for name, p in providers.items()},
+            {d.id: d.provider for d in deployments},
+        )
+        self.fleet = Fleet(self.scheduler, providers, deployments, principals,
+                           self.retry.budget, self.rng, on_transition)
+        priors = self.estimate
+        self.outputs = OutputEstimator(prior=priors.output_tokens)
+        self.latency = LatencyModel(
+            ttft_prior_s=priors.ttft_s,
+            seconds_per_token_prior=priors.seconds_per_token,
+            prefill_seconds_per_token=priors.prefill_seconds_per_token,
+        )
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return self.classify.tier_names
+
+    def plan(self, call: Call, facts: RequestFacts, principal: Principal, now: float) -> Plan:
+        """Classify and size a parsed call; raises ModelNotFound."""
+        route = self.models.get(call.model)
+        if route is None:
+            raise ModelNotFound(
+                f"The model '{call.model}' does not exist on this proxy.", param="model")
+        tier = classify(facts, principal, self.classify).tier
+        output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
+                  if call.chat else 0)
+        cap = max((d.max_output_tokens for d in route.candidates), default=0)
+        return Plan(
+            call=call, route=route, tier=tier, tier_name=self.tier_names[tier],
+            ceiling=min(max(principal.max_tier, 0), tier),
+            prompt_tokens=facts.prompt_tokens, output_tokens=min(output, cap),
+            caller=principal.name, arrived=now,
+            deadline=now + self.settings.tiers[tier].max_wait_s,
+        )
+
+    def service_s(self, plan: Plan, deployment: Deployment) -> tuple[float, float]:
+        """(expected service seconds on ``deployment``, the call's stable size in seconds)."""
+        output = min(plan.output_tokens, deployment.max_output_tokens)
+        return (self.latency.expect_service_s(deployment.id, plan.prompt_tokens, output),
+                self.estimate.size_s(plan.prompt_tokens, output))
+
+    def stats(self, deployments: Iterable[Deployment], now: float) -> dict[str, DeploymentStats]:
+        stats: dict[str, DeploymentStats] = {}
+        for deployment in deployments:
+            breaker = self.fleet.breakers[deployment.id]
+            stats[deployment.id] = DeploymentStats(
+                available=not breaker.down(now),
+                inflight=self.scheduler.inflight(deployment.provider),
+                limit=self.scheduler.capacity(deployment.provider),
+                ttft_s=self.latency.expect_ttft_s(deployment.id),
+                retry_at=breaker.retry_at(now),
+            )
+        return stats
+
+    def usage(self, plan: Plan, deployment: Deployment, prompt: object,
+              completion: object) -> Usage:
+        """What a call used: the upstream's report where it is plausible, else estimates."""
+        prompt_ok = (isinstance(prompt, int) and not isinstance(prompt, bool)
+                     and 0 <= prompt <= plan.prompt_tokens * PROMPT_PLAUSIBLE_FACTOR
+                     + PROMPT_PLAUSIBLE_MARGIN)
+        asked = plan.call.max_tokens
+        limit = COMPLETION_PLAUSIBLE_MAX if asked is None else min(asked * _choices(plan.call),
+                                                                   COMPLETION_PLAUSIBLE_MAX)
+        completion_ok = (isinstance(completion, int) and not isinstance(completion, bool)
+                         and 0 <= completion <= limit)
+        output = min(plan.output_tokens, deployment.max_output_tokens)
+        return Usage(
+            prompt if prompt_ok else plan.prompt_tokens,  # type: ignore[arg-type]
+            completion if completion_ok else output,  # type: ignore[arg-type]
+            completion_ok,
+        )
+
+    def learn(self, plan: Plan, deployment: Deployment, usage: Usage, ttft_s: float | None,
+              total_s: float) -> None:
+        """A call completed: the estimators learn from it (only from reported usage)."""
+        if not usage.reported:
+            return
+        self.outputs.observe(plan.caller, plan.call.model, usage.completion_tokens)
+        self.latency.observe(deployment.id, ttft_s, usage.completion_tokens, total_s,
+                             usage.prompt_tokens)
+
+
+def _choices(call: Call) -> int:
+    n = call.body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 128 else 1

@@ -1,0 +1,175 @@
+"""Provider health and limits, and what they mean for the scheduler's capacity.
+
+- A breaker per deployment: when it opens, the scheduler sends nothing through the
+  deployment until its cooldown ends, then at most ``half_open_probes`` calls at once until
+  it closes (``Scheduler.set_down`` / ``set_up``).
+- A 429 pauses the deployment for its ``retry-after`` (or ``THROTTLE_DEFAULT_S``) and cuts
+  the provider's adaptive concurrency limit; neither counts against its health.
+- rpm/tpm buckets per provider are taken only when a call really goes upstream, and
+  refunded or reconciled with the actual usage afterwards; a spent bucket pauses the
+  provider until it refills. A key's own buckets work the same way, taken when its call
+  is admitted.
+- A retry budget per provider keeps re-tries within a fraction of first attempts.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable, Iterable, Mapping
+
+from .breaker import Breaker, State
+from .classify import Principal
+from .limits import ProviderLimits
+from .provider import Provider
+from .retry import RetryBudget
+from .route import Deployment
+from .scheduler import Scheduler
+
+# A 429 without retry-after pauses its deployment this long. Whatever retry-after says, the
+# pause is at least THROTTLE_MIN_S doubled for every 429 in a row from the deployment (so
+# an upstream that keeps saying "retry now" is not hammered), and at most THROTTLE_MAX_S.
+THROTTLE_DEFAULT_S = 1.0
+THROTTLE_MIN_S = 0.05
+THROTTLE_MAX_S = 60.0
+
+TransitionHook = Callable[[Deployment, State, State], None]
+
+
+class Verdict(enum.Enum):
+    SUCCESS = "success"  # answered: a 2xx, or a 4xx that is the client's own
+    FAILURE = "failure"  # connect error, timeout, 5xx, a stream broken by the upstream
+    THROTTLED = "throttle"  # 429
+    AUTH = "auth"  # 401/403: the provider's key is wrong; a failure of the deployment
+    ABANDONED = "abandon"  # the client left
+
+
+class Start(enum.Enum):
+    """Whether a granted call may go upstream."""
+
+    GO = "go"
+    RATE_LIMITED = "rate_limited"  # the provider's rpm/tpm is spent: it is paused, queue again
+    DOWN = "down"  # the breaker opened while the call waited: route again
+    BUDGET_SPENT = "budget_spent"  # a re-try the provider's retry budget refuses
+
+
+class Fleet:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        providers: Mapping[str, Provider],
+        deployments: Iterable[Deployment],
+        principals: Iterable[Principal],
+        retry_budget: float,
+        rng: random.Random,
+        on_transition: TransitionHook | None = None,
+    ) -> None:
+        self._scheduler = scheduler
+        self._providers = providers
+        self._on_transition = on_transition
+        self.breakers: dict[str, Breaker] = {}
+        for deployment in deployments:
+            if deployment.id not in self.breakers:
+                self.breakers[deployment.id] = Breaker(
+                    providers[deployment.provider].breaker, rng, self._hook(deployment))
+        self.budgets = {name: RetryBudget(ratio=retry_budget) for name in providers}
+        self.limits = {name: ProviderLimits(p.rpm, p.tpm) for name, p in providers.items()}
+        self._throttles: dict[str, int] = {}
+        self.key_limits = {
+            p.name: ProviderLimits(p.rpm, p.tpm)
+            for p in principals if p.rpm is not None or p.tpm is not None
+        }
+
+    def down(self, deployment: str, now: float) -> bool:
+        """The deployment's breaker is open (half-open counts as up: probes may go)."""
+        return self.breakers[deployment].down(now)
+
+    # --- keys ---------------------------------------------------------------------------
+
+    def take_key(self, key: str, tokens: int, now: float) -> float:
+        """Take a call's share of its key's own limits: 0.0, or the seconds to wait."""
+        limits = self.key_limits.get(key)
+        return 0.0 if limits is None else limits.take(tokens, now)
+
+    def settle_key(self, key: str, estimated: int, actual: int | None, now: float) -> None:
+        """Reconcile the key's buckets with what the call used (None: it never went
+        upstream, so the request comes back too)."""
+        limits = self.key_limits.get(key)
+        if limits is None:
+            return
+        if actual is None:
+            limits.refund(estimated, now)
+        else:
+            limits.reconcile(estimated, actual, now)
+
+    # --- one attempt ----------------------------------------------------------------------
+
+    def begin(self, deployment: Deployment, retry: bool, tokens: int, now: float) -> Start:
+        """A slot was granted for ``deployment``: may the call go? Takes the provider's
+        rpm/tpm share, a retry from its budget and a breaker probe, or nothing."""
+        name = deployment.provider
+        breaker = self.breakers[deployment.id]
+        if breaker.down(now):
+            return Start.DOWN
+        limits = self.limits[name]
+        wait_s = limits.take(tokens, now)
+        if wait_s > 0:
+            self._scheduler.pause(name, now + wait_s, now)
+            return Start.RATE_LIMITED
+        budget = self.budgets[name]
+        if retry and not budget.try_retry(now):
+            limits.refund(tokens, now)
+            return Start.BUDGET_SPENT
+        if not retry:
+            budget.on_call(now)
+        breaker.acquire(now)
+        return Start.GO
+
+    def end(self, deployment: Deployment, verdict: Verdict, now: float, started: float,
+            tokens: int, used: int | None, retry_after_s: float | None = None) -> None:
+        """What became of an attempt ``begin`` let go: health, capacity and buckets.
+        ``used`` is the tokens the upstream reported (None: unknown or nothing useful)."""
+        breaker = self.breakers[deployment.id]
+        name = deployment.provider
+        if verdict is Verdict.SUCCESS:
+            breaker.on_success(now, started)
+            self._throttles.pop(deployment.id, None)
+            self._scheduler.succeed(name, now)
+        elif verdict in (Verdict.FAILURE, Verdict.AUTH):
+            breaker.on_failure(now, started)
+        elif verdict is Verdict.THROTTLED:
+            breaker.on_throttle(now, started)
+            streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1
+            floor = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
+            pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s
+            pause = min(max(pause, floor), THROTTLE_MAX_S)
+            self._scheduler.cut(name, now)
+            self._scheduler.pause(deployment.id, now + pause, now)
+        else:
+            breaker.on_abandon(now, started)
+        if used is None:
+            self.limits[name].refund(tokens, now, request=False)
+        else:
+            self.limits[name].reconcile(tokens, used, now)
+
+    def observe_quota(self, provider: str, headers: Mapping[str, str], now: float) -> None:
+        """Pause a provider that reports its quota spent, before it starts answering 429."""
+        limits = self.limits[provider]
+        limits.observe_headers(headers, now)
+        until = limits.paused_until(now)
+        if until > now:
+            self._scheduler.pause(provider, until, now)
+
+    def _hook(self, deployment: Deployment) -> Callable[[State, State, float], None]:
+        probes = self._providers[deployment.provider].breaker.half_open_probes
+
+        def on_transition(old: State, new: State, at: float) -> None:
+            if new is State.OPEN:
+                breaker = self.breakers[deployment.id]
+                self._scheduler.set_down(deployment.id, breaker.open_until, probes, at)
+            elif new is State.CLOSED:
+                self._scheduler.set_up(deployment.id, at)
+            if self._on_transition is not None:
+                self._on_transition(deployment, old, new)
+
+        return on_transition
