@@ -33,11 +33,10 @@ def run(queued: int, cycles: int, seed: int) -> list[float]:
     rng = random.Random(seed)
     scheduler = Scheduler(SchedulerSettings(tiers=TIERS, max_queue=queued + 1_000), PROVIDERS)
     now = 0.0
-    running: list[str] = []
+    running: list[Ticket] = []
     while sum(scheduler.depth(tier) for tier in range(len(TIERS))) < queued:
-        result = scheduler.submit(random_ticket(rng), now)
-        if result.dispatch:
-            running.append(result.dispatch.provider)
+        scheduler.submit(random_ticket(rng), now)
+        running += [d.ticket for d in scheduler.take().dispatches]
     samples: list[float] = []
     batch = 1_000
     for _ in range(cycles // batch):
@@ -46,14 +45,14 @@ def run(queued: int, cycles: int, seed: int) -> list[float]:
         started = time.perf_counter()
         for new, pick in zip(fresh, picks, strict=True):
             now += 0.001
-            result = scheduler.submit(new, now)
-            if result.dispatch:
-                running.append(result.dispatch.provider)
+            scheduler.submit(new, now)
+            running += [d.ticket for d in scheduler.take().dispatches]
             pick %= len(running)
-            provider = running[pick]
+            done = running[pick]
             running[pick] = running[-1]
             running.pop()
-            running.extend(d.provider for d in scheduler.release(provider, now))
+            scheduler.release(done, now, done.est_service_s)
+            running += [d.ticket for d in scheduler.take().dispatches]
         samples.append((time.perf_counter() - started) / batch * 1e6)
     return samples
 

@@ -1,48 +1,91 @@
-"""Shared helpers for the scheduler's scenario tests: plain ``now`` floats, one provider."""
+"""A harness for the scheduler's scenario tests: plain ``now`` floats, the slots each
+provider has handed out tracked, and every decision collected."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
-from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
+from proxy.core.scheduler import (
+    Decisions,
+    Scheduler,
+    SchedulerSettings,
+    Ticket,
+    TicketState,
+    TierSpec,
+)
 
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))
 
 
-def make(caps: dict[str, int] | None = None, tiers: Sequence[TierSpec] = FOUR,
-         **settings: object) -> Scheduler:
-    return Scheduler(SchedulerSettings(tiers=tuple(tiers), **settings),  # type: ignore[arg-type]
-                     caps if caps is not None else {"p": 1})
+def ticket(tier: int, est: float = 1.0, candidates: tuple[str, ...] = ("p",),
+           **fields: object) -> Ticket:
+    return Ticket(tier=tier, candidates=candidates, est_service_s=est,
+                  **fields)  # type: ignore[arg-type]
 
 
-def ticket(tier: int, est: float = 1.0, candidates: tuple[str, ...] = ("p",)) -> Ticket:
-    return Ticket(tier=tier, candidates=candidates, est_service_s=est)
+class Kit:
+    def __init__(self, caps: Mapping[str, int] | None = None,
+                 tiers: Sequence[TierSpec] = FOUR,
+                 deployments: Mapping[str, str] | None = None, **settings: object) -> None:
+        self.s = Scheduler(SchedulerSettings(tiers=tuple(tiers), **settings),  # type: ignore[arg-type]
+                           caps if caps is not None else {"p": 1}, deployments)
+        self.running: dict[str, list[Ticket]] = defaultdict(list)  # per provider, in order
+        self.refused: dict[Ticket, str] = {}
+        self.log: list[Decisions] = []
 
+    def collect(self) -> Decisions:
+        decisions = self.s.take()
+        for rejection in decisions.rejections:
+            self.refused[rejection.ticket] = rejection.code
+        for dispatch in decisions.dispatches:
+            self.running[dispatch.pool].append(dispatch.ticket)
+        self.log.append(decisions)
+        return decisions
 
-def occupy(s: Scheduler, now: float = 0.0, provider: str = "p", tier: int = 0) -> Ticket:
-    """Take one slot of ``provider`` with a running call."""
-    t = ticket(tier, 1.0, (provider,))
-    assert s.submit(t, now).dispatch is not None
-    return t
+    def submit(self, t: Ticket, now: float) -> Decisions:
+        self.s.submit(t, now)
+        return self.collect()
 
+    def granted(self, t: Ticket) -> bool:
+        return t.state is TicketState.DISPATCHED
 
-def drain(s: Scheduler, now: float, provider: str = "p") -> list[Ticket]:
-    """Release ``provider``'s slot over and over; the tickets in dispatch order."""
-    out: list[Ticket] = []
-    while True:
-        got = s.release(provider, now)
-        if not got:
-            return out
-        out += [d.ticket for d in got]
+    def occupy(self, now: float = 0.0, provider: str = "p", tier: int = 0) -> Ticket:
+        """Take one slot of ``provider`` with a running call."""
+        t = ticket(tier, 1.0, (provider,))
+        self.submit(t, now)
+        assert self.granted(t)
+        return t
 
+    def release(self, provider: str, now: float, service_s: float | None = None) -> list[Ticket]:
+        """Release the oldest call running on ``provider``; the tickets that got a slot."""
+        return self.finish(self.running[provider][0], now, service_s)
 
-def urgent_flow(s: Scheduler, start: float, end: float, provider: str = "p",
-                est: float = 1.0, every: float = 0.5) -> float:
-    """Urgent calls that each finish at once; returns the time after the last one."""
-    now = start
-    while now < end:
-        t = ticket(0, est, (provider,))
-        assert s.submit(t, now).dispatch is not None
-        s.release(provider, now, 0.0, t)
-        now += every
-    return now
+    def finish(self, t: Ticket, now: float, service_s: float | None = None) -> list[Ticket]:
+        assert t.pool is not None
+        self.running[t.pool].remove(t)
+        self.s.release(t, now, service_s)
+        return [d.ticket for d in self.collect().dispatches]
+
+    def drain(self, now: float, provider: str = "p") -> list[Ticket]:
+        """Release ``provider``'s calls over and over; the tickets in dispatch order."""
+        out: list[Ticket] = []
+        while self.running[provider]:
+            out += [t for t in self.release(provider, now) if t.pool == provider]
+        return out
+
+    def advance(self, now: float) -> Decisions:
+        self.s.advance(now)
+        return self.collect()
+
+    def urgent_flow(self, start: float, end: float, provider: str = "p", est: float = 1.0,
+                    every: float = 0.5) -> float:
+        """Urgent calls that each finish at once; returns the time after the last one."""
+        now = start
+        while now < end:
+            t = ticket(0, est, (provider,))
+            self.submit(t, now)
+            assert self.granted(t)
+            self.finish(t, now)
+            now += every
+        return now

@@ -11,7 +11,7 @@ from proxy.core.breaker import Breaker, BreakerSettings, State
 CLOSED, OPEN, HALF = State.CLOSED, State.OPEN, State.HALF_OPEN
 
 # Steps: (now, event, expected state after it). Events: "ok", "fail", "throttle",
-# "throttle:<s>", "abandon", "acquire", "deny" (acquire that must be refused), "-" (look only).
+# "abandon", "acquire", "deny" (acquire that must be refused), "-" (look only).
 Step = tuple[float, str, State]
 
 
@@ -22,9 +22,7 @@ def run(breaker: Breaker, steps: list[Step]) -> None:
         elif event == "fail":
             breaker.on_failure(now)
         elif event == "throttle":
-            breaker.on_throttle(now, None)
-        elif event.startswith("throttle:"):
-            breaker.on_throttle(now, float(event.split(":")[1]))
+            breaker.on_throttle(now)
         elif event == "abandon":
             breaker.on_abandon(now)
         elif event == "acquire":
@@ -158,26 +156,19 @@ SCENARIOS: dict[str, tuple[dict[str, float], list[Step]]] = {
         {"consecutive_failures": 1},
         [(0, "fail", OPEN), (5, "ok", HALF), (5, "acquire", HALF)],
     ),
-    "throttles never open the breaker": (
+    "throttles never open the breaker (pausing is the scheduler's business)": (
         {"consecutive_failures": 2},
-        [(float(t), "throttle:1", CLOSED) for t in range(10)] + [(10, "fail", CLOSED)],
+        [(float(t), "throttle", CLOSED) for t in range(10)]
+        + [(10, "acquire", CLOSED), (10, "fail", CLOSED)],
     ),
-    "a throttle pauses for retry-after": (
-        {},
-        [(0, "throttle:2", CLOSED), (1.9, "deny", CLOSED), (2, "acquire", CLOSED)],
-    ),
-    "a throttle without retry-after pauses for the default": (
-        {"throttle_default_s": 3},
-        [(0, "throttle", CLOSED), (2.9, "deny", CLOSED), (3, "acquire", CLOSED)],
-    ),
-    "a throttled probe gives its permit back but pauses": (
+    "a throttled probe gives its permit back": (
         {"consecutive_failures": 1},
         [
             (0, "fail", OPEN),
             (5, "acquire", HALF),
-            (5, "throttle:1", HALF),
-            (5.5, "deny", HALF),
-            (6, "acquire", HALF),
+            (5, "deny", HALF),
+            (5, "throttle", HALF),
+            (5, "acquire", HALF),
             (6, "ok", CLOSED),
         ],
     ),
@@ -234,15 +225,18 @@ def test_jittered_cooldown_stays_within_bounds(seed: int, openings: int) -> None
 
 
 def test_transitions_reach_the_hook() -> None:
-    seen: list[tuple[State, State]] = []
+    seen: list[tuple[State, State, float]] = []
     config = BreakerSettings(consecutive_failures=1, jitter=0.0)
-    breaker = Breaker(config, random.Random(0), on_transition=lambda a, b: seen.append((a, b)))
+    breaker = Breaker(config, random.Random(0),
+                      on_transition=lambda a, b, at: seen.append((a, b, at)))
     breaker.on_failure(0)
     assert breaker.acquire(5)
     breaker.on_failure(5)
     assert breaker.acquire(15)
     breaker.on_success(15)
-    assert seen == [(CLOSED, OPEN), (OPEN, HALF), (HALF, OPEN), (OPEN, HALF), (HALF, CLOSED)]
+    assert seen == [(CLOSED, OPEN, 0), (OPEN, HALF, 5), (HALF, OPEN, 5), (OPEN, HALF, 15),
+                    (HALF, CLOSED, 15)]
+    assert breaker.open_until == 15
 
 
 @pytest.mark.parametrize(
@@ -250,8 +244,7 @@ def test_transitions_reach_the_hook() -> None:
     [
         ([], 0.0, 0.0),  # available: now
         ([(0.0, "fail")], 1.0, 5.0),  # open: end of cooldown
-        ([(0.0, "throttle:7")], 1.0, 7.0),  # throttled: end of pause
-        ([(0.0, "fail"), (4.0, "throttle:10")], 4.5, 14.0),  # open and throttled: the later
+        ([(0.0, "throttle")], 1.0, 1.0),  # a 429 is no sickness
         ([(0.0, "fail"), (5.0, "acquire")], 6.0, 11.0),  # probe out: estimate one cooldown
     ],
 )
@@ -263,7 +256,7 @@ def test_retry_at(steps: list[tuple[float, str]], now: float, expected: float) -
         elif event == "acquire":
             assert breaker.acquire(at)
         else:
-            breaker.on_throttle(at, float(event.split(":")[1]))
+            breaker.on_throttle(at)
     assert breaker.retry_at(now) == pytest.approx(expected)
 
 
@@ -280,7 +273,6 @@ def test_snapshot() -> None:
         "window_failures": 2,
         "opened_count": 1,
         "probes_in_flight": 0,
-        "throttled_for_s": 0.0,
         "retry_at": pytest.approx(7.0),
         "retry_in_s": pytest.approx(4.0),
     }
@@ -340,7 +332,7 @@ def test_never_more_than_k_probes_in_flight(
     now = 0.0
     opened_at = [-1.0]
 
-    def record(old: State, new: State) -> None:
+    def record(old: State, new: State, at: float) -> None:
         if new is OPEN:
             opened_at.append(now)
 
@@ -364,7 +356,7 @@ def test_never_more_than_k_probes_in_flight(
             elif op == "abandon":
                 breaker.on_abandon(now, started)
             else:
-                breaker.on_throttle(now, 0.5, started)
+                breaker.on_throttle(now, started)
         if breaker.state(now) is HALF:
             # Nothing starts while open, so calls started since the last opening are probes.
             assert sum(1 for t in inflight if t >= opened_at[-1]) <= probes

@@ -1,4 +1,4 @@
-"""Headroom: free slots held for more urgent tiers, adaptive and fixed."""
+"""Headroom: free slots held for more urgent arrivals, adaptive and fixed."""
 
 from __future__ import annotations
 
@@ -8,58 +8,83 @@ from collections.abc import Sequence
 
 import pytest
 
-from proxy.core.scheduler import Dispatch, Ticket, TicketState, TierSpec
-from tests.scheduler_kit import FOUR, make, occupy, ticket, urgent_flow
+from proxy.core.scheduler import Ticket, TicketState, TierSpec
+from tests.scheduler_kit import FOUR, Kit, ticket
 
 
 @pytest.mark.parametrize(("urgent", "low_dispatched"), [(False, 4), (True, 2)])
 def test_adaptive_headroom_follows_urgent_demand(urgent: bool, low_dispatched: int) -> None:
-    s = make({"p": 4}, headroom_scale=1.5)
-    now = urgent_flow(s, 0.0, 20.0) if urgent else 20.0
+    k = Kit({"p": 4}, headroom_scale=1.5)
+    now = k.urgent_flow(0.0, 20.0) if urgent else 20.0
     lows = [ticket(3, 30.0) for _ in range(4)]
-    got = [s.submit(t, now).dispatch is not None for t in lows]
-    assert sum(got) == low_dispatched
+    for t in lows:
+        k.submit(t, now)
+    assert sum(k.granted(t) for t in lows) == low_dispatched
     if urgent:
-        assert s.held_back("p", 3, now) == 2
-        assert s.submit(ticket(0, 1.0), now).dispatch is not None
+        assert k.s.held_back("p", 3, now) == 2
+        urgent_call = ticket(0, 1.0)
+        k.submit(urgent_call, now)
+        assert k.granted(urgent_call)
+
+
+def test_a_hold_keeps_slots_only_for_arrivals_that_have_not_come() -> None:
+    """Once a more urgent call waits for the provider, the hold has done its job: who gets
+    a freed slot is decided by priority and fair share, so a held slot never makes the
+    less urgent tier starve behind urgent calls that are already queued."""
+    k = Kit({"p": 4}, headroom_scale=1.5, quantum_s=0.5)
+    now = k.urgent_flow(0.0, 20.0)
+    for _ in range(4):
+        k.occupy(now)  # every slot busy with urgent work
+    urgent = [ticket(0, 1.0) for _ in range(20)]
+    lows = [ticket(3, 1.0) for _ in range(3)]
+    for t in (*urgent, *lows):
+        k.submit(t, now)
+    served = k.drain(now + 1.0)
+    assert any(t in served[:12] for t in lows)  # low gets its weighted share meanwhile
 
 
 def simulate_urgent_vs_batch(urgent_every: float, **settings: object) -> tuple[list[float],
                                                                              float]:
     """4 slots; a standing backlog of 20 s batch calls; a 0.5 s urgent call every
     ``urgent_every`` seconds. Urgent waits, and the share of slot time batch work got."""
-    s = make({"p": 4}, FOUR, **settings)
+    k = Kit({"p": 4}, FOUR, **settings)
     running: list[tuple[float, int, Ticket]] = []
     waits: list[float] = []
     batch_s = 0.0
 
-    def started(dispatches: Sequence[Dispatch], now: float) -> None:
+    def started(tickets: Sequence[Ticket], now: float) -> None:
         nonlocal batch_s
-        for d in dispatches:
-            t = d.ticket
+        for t in tickets:
             heapq.heappush(running, (now + t.est_service_s, t.order, t))
             if t.tier == 0:
                 waits.append(now - t.arrived)
             else:
                 batch_s += t.est_service_s
 
+    def dispatched() -> list[Ticket]:
+        return [d.ticket for d in k.collect().dispatches]
+
     now, next_urgent, horizon = 0.0, 0.0, 2000.0
     while now < horizon:
-        while s.depth(3) < 4:
-            result = s.submit(ticket(3, 20.0), now)
-            started([result.dispatch] if result.dispatch else [], now)
+        while k.s.depth(3) < 4:
+            k.s.submit(ticket(3, 20.0), now)
+            started(dispatched(), now)
         next_done = running[0][0] if running else math.inf
-        wakeup = s.next_wakeup(now) or math.inf
+        wakeup = k.s.next_wakeup(now) or math.inf
         now = min(next_urgent, next_done, wakeup)
         if now == wakeup:
-            started(s.advance(now)[0], now)
+            k.s.advance(now)
+            started(dispatched(), now)
         elif now == next_urgent:
-            result = s.submit(ticket(0, 0.5), now)
-            started([result.dispatch] if result.dispatch else [], now)
+            k.s.submit(ticket(0, 0.5), now)
+            started(dispatched(), now)
             next_urgent += urgent_every
         else:
             t = heapq.heappop(running)[2]
-            started(s.release("p", now, t.est_service_s, t), now)
+            assert t.pool is not None
+            k.running[t.pool].remove(t)
+            k.s.release(t, now, t.est_service_s)
+            started(dispatched(), now)
     return sorted(waits), batch_s / (4 * horizon)
 
 
@@ -82,24 +107,23 @@ def test_default_headroom_costs_nothing_without_urgent_work() -> None:
 
 
 def test_adaptive_headroom_lapses_without_urgent_arrivals() -> None:
-    s = make({"p": 4}, headroom_horizon_s=30.0, headroom_scale=1.5)
-    now = urgent_flow(s, 0.0, 20.0)
+    k = Kit({"p": 4}, headroom_horizon_s=30.0, headroom_scale=1.5)
+    now = k.urgent_flow(0.0, 20.0)
     lows = [ticket(3, 30.0) for _ in range(4)]
     for t in lows:
-        s.submit(t, now)
+        k.submit(t, now)
     assert [t.state for t in lows].count(TicketState.QUEUED) == 2
-    wakeup = s.next_wakeup(now)
+    wakeup = k.s.next_wakeup(now)
     assert wakeup is not None
     assert now < wakeup <= 20.0 + 30.0
-    assert s.advance(wakeup - 0.01) == ([], [])
-    dispatches, _ = s.advance(wakeup)
-    assert len(dispatches) >= 1
+    assert not k.advance(wakeup - 0.01)
+    assert len(k.advance(wakeup).dispatches) >= 1
     at: float | None = wakeup
     while at is not None and at < 1000:
-        s.advance(at)
-        at = s.next_wakeup(at)
+        k.advance(at)
+        at = k.s.next_wakeup(at)
     assert all(t.state is TicketState.DISPATCHED for t in lows)
-    assert s.held_back("p", 3, 60.0) == 0
+    assert k.s.held_back("p", 3, 60.0) == 0
 
 
 def quiet_after(last: float, every: float, horizon: float = 30.0) -> float:
@@ -115,19 +139,19 @@ def quiet_after(last: float, every: float, horizon: float = 30.0) -> float:
     (None, 30.0 * math.log(2.0)),      # one 2 s call: its EWMA decays below a slot first
 ])
 def test_headroom_lapse_wakes_exactly_when_due(flow_est: float | None, wakeup: float) -> None:
-    s = make({"p": 4}, headroom_horizon_s=30.0, headroom_scale=1.5)
+    k = Kit({"p": 4}, headroom_horizon_s=30.0, headroom_scale=1.5)
     if flow_est is None:
-        last = urgent_flow(s, 0.0, 0.1, est=2.0) - 0.5
+        last = k.urgent_flow(0.0, 0.1, est=2.0) - 0.5
     else:
-        last = urgent_flow(s, 0.0, 20.0, est=flow_est) - 0.5
+        last = k.urgent_flow(0.0, 20.0, est=flow_est) - 0.5
     lows = [ticket(3, 30.0) for _ in range(4)]
     for t in lows:
-        s.submit(t, max(last, 0.0))
+        k.submit(t, max(last, 0.0))
     blocked = [t for t in lows if t.state is TicketState.QUEUED]
     assert blocked
-    assert s.next_wakeup(max(last, 0.0)) == pytest.approx(wakeup)
-    assert s.advance(wakeup - 1e-3) == ([], [])
-    s.advance(wakeup + 1e-5)
+    assert k.s.next_wakeup(max(last, 0.0)) == pytest.approx(wakeup)
+    assert not k.advance(wakeup - 1e-3)
+    k.advance(wakeup + 1e-5)
     assert all(t.state is TicketState.DISPATCHED for t in blocked)
 
 
@@ -135,16 +159,18 @@ def test_headroom_lapse_wakes_exactly_when_due(flow_est: float | None, wakeup: f
 def test_headroom_wakeups_make_progress_at_awkward_times(start: float) -> None:
     """Found by the state machine: a wake-up computed as stamp + horizon must see the
     reservation gone, or the shell's timer fires forever at the same instant."""
-    s = make({"a": 3}, headroom_horizon_s=10.0, headroom_scale=1.5)
-    assert s.submit(ticket(0, 45.0, ("a",)), start).dispatch is not None
+    k = Kit({"a": 3}, headroom_horizon_s=10.0, headroom_scale=1.5)
+    first = ticket(0, 45.0, ("a",))
+    k.submit(first, start)
+    assert k.granted(first)
     waiting = ticket(1, 0.2, ("a",))
-    s.submit(waiting, start)
+    k.submit(waiting, start)
     now = start
     for _ in range(3):
-        wakeup = s.next_wakeup(now)
+        wakeup = k.s.next_wakeup(now)
         assert wakeup is not None and wakeup > now
         now = wakeup
-        s.advance(now)
+        k.advance(now)
         if waiting.state is TicketState.DISPATCHED:
             break
     assert waiting.state is TicketState.DISPATCHED
@@ -152,24 +178,37 @@ def test_headroom_wakeups_make_progress_at_awkward_times(start: float) -> None:
 
 
 def test_middle_tier_is_held_back_only_for_more_urgent_demand() -> None:
-    s = make({"p": 4}, headroom_scale=1.5)
-    now = urgent_flow(s, 0.0, 20.0)
-    assert s.held_back("p", 0, now) == 0
-    assert s.held_back("p", 1, now) == 2
-    assert s.held_back("p", 3, now) == 2
+    k = Kit({"p": 4}, headroom_scale=1.5)
+    now = k.urgent_flow(0.0, 20.0)
+    assert k.s.held_back("p", 0, now) == 0
+    assert k.s.held_back("p", 1, now) == 2
+    assert k.s.held_back("p", 3, now) == 2
 
 
 @pytest.mark.parametrize(("urgent_running", "held"), [(0, 3), (1, 2), (3, 0)])
 def test_urgent_calls_running_count_towards_their_adaptive_headroom(urgent_running: int,
                                                                    held: int) -> None:
-    s = make({"p": 8}, headroom_scale=1.5)
-    now = urgent_flow(s, 0.0, 20.0, est=1.0, every=0.33)  # about 3 busy slots x 1.5 -> 3
-    assert s.held_back("p", 3, now) == 3
-    running = [occupy(s, now) for _ in range(urgent_running)]
-    assert s.held_back("p", 3, now) == held
+    k = Kit({"p": 8}, headroom_scale=1.5)
+    now = k.urgent_flow(0.0, 20.0, est=1.0, every=0.33)  # about 3 busy slots x 1.5 -> 3
+    assert k.s.held_back("p", 3, now) == 3
+    running = [k.occupy(now) for _ in range(urgent_running)]
+    assert k.s.held_back("p", 3, now) == held
     for t in running:
-        s.release("p", now, 1.0, t)
-    assert s.held_back("p", 3, now) == 3
+        k.finish(t, now, 1.0)
+    assert k.s.held_back("p", 3, now) == 3
+
+
+def test_a_call_that_took_less_than_estimated_gives_its_load_back() -> None:
+    """The offered load learns what calls really cost: urgent calls that claimed 10 s and
+    took 0.1 s hold (almost) nothing once they are done."""
+    k = Kit({"p": 8}, headroom_scale=1.5)
+    now = 0.0
+    while now < 20.0:
+        t = ticket(0, 10.0)
+        k.submit(t, now)
+        k.finish(t, now + 0.1, 0.1)
+        now += 0.5
+    assert k.s.held_back("p", 3, now) <= 1
 
 
 @pytest.mark.parametrize(("reserves", "capacity", "tier", "dispatched"), [
@@ -186,8 +225,9 @@ def test_fixed_reserve(reserves: tuple[int | None, ...], capacity: int, tier: in
                        dispatched: int) -> None:
     tiers = [TierSpec(spec.name, spec.weight, reserve=r) for spec, r in zip(FOUR, reserves,
                                                                             strict=True)]
-    s = make({"p": capacity}, tiers)
-    urgent_flow(s, 0.0, 20.0, est=0.2)  # adaptive demand that fixed reserves override
+    k = Kit({"p": capacity}, tiers)
+    k.urgent_flow(0.0, 20.0, est=0.2)  # adaptive demand that fixed reserves override
     calls = [ticket(tier, 30.0) for _ in range(capacity)]
-    got = [s.submit(t, 20.0).dispatch is not None for t in calls]
-    assert sum(got) == dispatched
+    for t in calls:
+        k.submit(t, 20.0)
+    assert sum(k.granted(t) for t in calls) == dispatched

@@ -1,4 +1,7 @@
-"""Invariants of the scheduler under random traffic, time jumps and capacity changes."""
+"""Invariants of the scheduler under random traffic, re-tries, time jumps, pauses, breakers
+and limit changes: no slot leaked, no call lost or served twice, concurrency never above
+the limit (nor a half-open deployment's probes), no slot idle while a call it may serve
+waits except for a stated hold, every deadline exact."""
 
 from __future__ import annotations
 
@@ -12,17 +15,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from proxy.core.scheduler import (
-    Dispatch,
-    Rejection,
-    Scheduler,
-    SchedulerSettings,
-    Ticket,
-    TicketState,
-    TierSpec,
-)
+from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TicketState, TierSpec
 
-PROVIDERS = ("a", "b")
+POOLS = ("a", "b")
+DEPLOYMENTS = {"a/x": "a", "a/y": "a", "b/x": "b"}
+CANDIDATES = (("a/x",), ("a/y",), ("b/x",), ("a/x", "b/x"), ("b/x", "a/y"), ("a/y", "a/x"))
 TIERS = (
     TierSpec("urgent", 4.0, max_wait_s=15.0),
     TierSpec("normal", 2.0, max_wait_s=40.0, max_queue=6, reserve=1),
@@ -41,52 +38,63 @@ class SchedulerMachine(RuleBasedStateMachine):
             SchedulerSettings(tiers=TIERS, max_queue=10, promote_after_s=(1e9, 2.0, 6.0, 12.0),
                               tier_promote_after_s=25.0, headroom_horizon_s=10.0,
                               headroom_scale=1.5),
-            {"a": 3, "b": 1},
+            {"a": 3, "b": 1}, DEPLOYMENTS,
         )
         self.now = 0.0
         self.tickets: list[Ticket] = []
         self.running: list[Ticket] = []
-        self.dispatched: set[int] = set()
+        self.finished: list[Ticket] = []  # slot back, may be queued again
         self.ended: dict[int, str] = {}
-        self.lowered: set[str] = set()
+        self.probes: dict[str, int] = {}
 
-    def record(self, dispatches: list[Dispatch], rejections: tuple[Rejection, ...] | list[
-            Rejection] = ()) -> None:
-        for r in rejections:
-            assert id(r.ticket) not in self.ended and id(r.ticket) not in self.dispatched
-            assert r.ticket.state is TicketState.REJECTED
+    def collect(self) -> None:
+        decisions = self.s.take()
+        for r in decisions.rejections:
+            t = r.ticket
+            assert id(t) not in self.ended, "refused twice"
+            assert t.state is TicketState.REJECTED and t not in self.running
             assert 1.0 <= r.retry_after_s <= 120.0
-            self.ended[id(r.ticket)] = r.code
-        for d in dispatches:
+            if r.code == "queue_timeout":
+                assert t.deadline <= self.now + LATE_S, "refused before its deadline"
+            self.ended[id(t)] = r.code
+        for d in decisions.dispatches:
             t = d.ticket
-            assert id(t) not in self.dispatched and id(t) not in self.ended, "dispatched twice"
-            assert d.provider in t.candidates
-            assert self.s.capacity(d.provider) >= self.s.inflight(d.provider)
-            self.dispatched.add(id(t))
+            assert t not in self.running and id(t) not in self.ended, "dispatched twice"
+            assert d.deployment in t.candidates and DEPLOYMENTS[d.deployment] == d.pool
+            assert self.now < t.deadline + LATE_S, "served after its deadline"
             self.running.append(t)
 
     @initialize(est=st.sampled_from([3.0, 12.0, 45.0]))
     def urgent_work_flows(self, est: float) -> None:
         """Start with urgent demand on ``a`` so its headroom is in play from the first step."""
-        self.submit(0, est, ("a",))
+        self.submit(0, est, ("a/x",), 0)
 
     @rule(tier=st.integers(0, 2), est=st.sampled_from([0.2, 0.9, 3.0, 12.0, 45.0]),
-          candidates=st.sampled_from([("a",), ("b",), ("a", "b"), ("b", "a")]))
-    def submit(self, tier: int, est: float, candidates: tuple[str, ...]) -> None:
-        t = Ticket(tier=tier, candidates=candidates, est_service_s=est)
+          candidates=st.sampled_from(CANDIDATES), ceiling=st.integers(0, 2))
+    def submit(self, tier: int, est: float, candidates: tuple[str, ...], ceiling: int) -> None:
+        t = Ticket(tier=tier, candidates=candidates, est_service_s=est,
+                   ceiling=min(ceiling, tier))
         self.tickets.append(t)
-        result = self.s.submit(t, self.now)
-        own = [result.dispatch] if result.dispatch else []
-        self.record(own + list(result.woken), result.rejections)
-        if result.dispatch:
-            assert result.dispatch.ticket is t
+        self.s.submit(t, self.now)
+        self.collect()
 
     @precondition(lambda self: self.running)
-    @rule(index=st.integers(0, 50))
-    def release(self, index: int) -> None:
+    @rule(index=st.integers(0, 50), took=st.sampled_from([None, 0.0, 1.0, 100.0]))
+    def release(self, index: int, took: float | None) -> None:
         t = self.running.pop(index % len(self.running))
-        assert t.provider is not None
-        self.record(self.s.release(t.provider, self.now, self.now - t.dispatched_at))
+        self.s.release(t, self.now, took)
+        self.finished.append(t)
+        self.collect()
+
+    @precondition(lambda self: self.finished)
+    @rule(index=st.integers(0, 50))
+    def requeue(self, index: int) -> None:
+        """A 429 or a re-try: the call goes back with its arrival and deadline."""
+        t = self.finished.pop(index % len(self.finished))
+        arrived, deadline, order = t.arrived, t.deadline, t.order
+        self.s.submit(t, self.now)
+        assert (t.arrived, t.deadline, t.order) == (arrived, deadline, order)
+        self.collect()
 
     @rule(index=st.integers(0, 200))
     def cancel(self, index: int) -> None:
@@ -113,31 +121,50 @@ class SchedulerMachine(RuleBasedStateMachine):
                 break
             assert wakeup >= self.now
             self.now = wakeup
-            dispatches, rejections = self.s.advance(self.now)
-            self.record(dispatches, rejections)
+            self.s.advance(self.now)
+            self.collect()
         else:
             raise AssertionError("wake-ups do not make progress")
         self.now = target
         wakeup = self.s.next_wakeup(self.now)
         assert wakeup is None or wakeup > self.now
 
-    @rule(provider=st.sampled_from(PROVIDERS), limit=st.integers(0, 4))
-    def set_capacity(self, provider: str, limit: int) -> None:
-        if limit < self.s.inflight(provider):
-            self.lowered.add(provider)
-        self.record(self.s.set_capacity(provider, limit, self.now))
+    @rule(what=st.sampled_from((*POOLS, *DEPLOYMENTS)), seconds=st.sampled_from([0.5, 5.0]))
+    def pause(self, what: str, seconds: float) -> None:
+        self.s.pause(what, self.now + seconds, self.now)
+        self.collect()
 
-    @rule(provider=st.sampled_from(PROVIDERS), available=st.booleans())
-    def set_available(self, provider: str, available: bool) -> None:
-        before = self.s.inflight(provider)
-        self.record(self.s.set_available(provider, available, self.now))
-        if not available:
-            assert self.s.inflight(provider) == before
+    @rule(deployment=st.sampled_from(tuple(DEPLOYMENTS)), seconds=st.sampled_from([1.0, 8.0]),
+          probes=st.integers(1, 2))
+    def breaker_opens(self, deployment: str, seconds: float, probes: int) -> None:
+        self.s.set_down(deployment, self.now + seconds, probes, self.now)
+        self.probes[deployment] = probes
+        self.collect()
+
+    @rule(deployment=st.sampled_from(tuple(DEPLOYMENTS)))
+    def breaker_closes(self, deployment: str) -> None:
+        self.s.set_up(deployment, self.now)
+        self.probes.pop(deployment, None)
+        self.collect()
+
+    @rule(pool=st.sampled_from(POOLS), ok=st.booleans())
+    def verdict(self, pool: str, ok: bool) -> None:
+        if ok:
+            self.s.succeed(pool, self.now)
+        else:
+            self.s.cut(pool, self.now)
+        self.collect()
+
+    @rule(pool=st.sampled_from(POOLS), limit=st.integers(0, 4))
+    def set_max(self, pool: str, limit: int) -> None:
+        self.s.set_max(pool, limit, self.now)
+        self.collect()
 
     @rule(weights=st.none() | st.dictionaries(st.integers(0, 2), st.sampled_from([0.5, 1, 9])),
           reserves=st.none() | st.dictionaries(st.integers(0, 2), st.integers(0, 3)))
     def set_policy(self, weights: dict[int, float] | None, reserves: dict[int, int] | None) -> None:
-        self.record(self.s.set_policy(weights, reserves, self.now))
+        self.s.set_policy(weights, reserves, self.now)
+        self.collect()
 
     @invariant()
     def books_balance(self) -> None:
@@ -145,47 +172,56 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert sum(self.s.depth(i) for i in range(len(TIERS))) == len(queued) <= 10
         for t in self.tickets:
             if t.state is TicketState.DISPATCHED:
-                assert id(t) in self.dispatched
+                assert t in self.running
+            elif t.state is TicketState.RELEASED:
+                assert t in self.finished
             elif t.state is not TicketState.QUEUED:
                 assert id(t) in self.ended
-        for provider in PROVIDERS:
-            running = sum(1 for t in self.running if t.provider == provider)
-            assert self.s.inflight(provider) == running
-            if provider not in self.lowered:
-                assert running <= self.s.capacity(provider)
-            elif running <= self.s.capacity(provider):
-                self.lowered.discard(provider)
+            assert t.current_tier >= t.ceiling, "aged past its caller's ceiling"
+        for pool in POOLS:
+            assert self.s.inflight(pool) == sum(1 for t in self.running if t.pool == pool)
+
+    @invariant()
+    def concurrency_stays_within_the_limits(self) -> None:
+        gates = self.s._gates
+        for deployment, probes in self.probes.items():
+            gate = gates[deployment]
+            if gate.down_until <= self.now:
+                assert gate.inflight <= probes or gate.inflight == sum(
+                    1 for t in self.running if t.deployment == deployment
+                    and t.dispatched_at < gate.down_until)
 
     @invariant()
     def no_idle_slot_while_an_eligible_call_waits(self) -> None:
-        snapshot = self.s.snapshot(self.now)["providers"]
-        assert isinstance(snapshot, dict)
-        for t in self.tickets:
-            if t.state is not TicketState.QUEUED:
+        gates = self.s._gates
+        for pool in POOLS:
+            free = self.s._pools[pool].free(self.now)
+            if free <= 0:
                 continue
-            for provider in t.candidates:
-                if not snapshot[provider]["available"]:
-                    continue
-                free = self.s.capacity(provider) - self.s.inflight(provider)
-                assert free <= self.s.held_back(provider, t.current_tier, self.now), (
-                    f"{provider} idles while {t} waits"
-                )
+            eligible = [t for t in self.tickets if t.state is TicketState.QUEUED and any(
+                gates[d].pool.name == pool and gates[d].open(self.now) for d in t.candidates)]
+            if eligible:
+                urgent = min(t.current_tier for t in eligible)
+                assert free <= self.s.held_back(pool, urgent, self.now), (
+                    f"{pool} idles while {eligible[0]} waits")
 
     def teardown(self) -> None:
-        for provider in PROVIDERS:
-            self.record(self.s.set_available(provider, True, self.now))
-            self.record(self.s.set_capacity(provider, 2, self.now))
+        for deployment in DEPLOYMENTS:
+            self.s.set_up(deployment, self.now)
+        for pool in POOLS:
+            self.s.set_max(pool, 2, self.now)
+        self.collect()
         while self.running:
-            self.release(0)
+            self.release(0, None)
         self.time_passes(500.0)
         while self.running:
-            self.release(0)
+            self.release(0, None)
         for t in self.tickets:
-            assert t.state in (TicketState.DISPATCHED, TicketState.REJECTED,
+            assert t.state in (TicketState.RELEASED, TicketState.REJECTED,
                                TicketState.CANCELLED), t
         assert all(self.s.depth(i) == 0 for i in range(len(TIERS)))
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=400, stateful_step_count=30,
+SchedulerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30,
                                               deadline=None)
 TestSchedulerMachine = SchedulerMachine.TestCase

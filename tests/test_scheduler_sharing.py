@@ -7,41 +7,40 @@ from collections.abc import Sequence
 
 import pytest
 
-from proxy.core.scheduler import Dispatch, Ticket, TierSpec
-from tests.scheduler_kit import drain, make, occupy, ticket
+from proxy.core.scheduler import Ticket, TierSpec
+from tests.scheduler_kit import Kit, ticket
 
 
 def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
-                   horizon: float) -> list[float]:
-    """Every tier always backlogged; calls run exactly their estimate. Slot-seconds used
-    per tier by the end."""
+                   horizon: float, took: Sequence[float] | None = None) -> list[float]:
+    """Every tier always backlogged; calls claim ``ests`` and really take ``took`` (default:
+    what they claim). Slot-seconds used per tier by the end."""
+    took = ests if took is None else took
     tiers = [TierSpec(f"t{i}", w, max_wait_s=1e9) for i, w in enumerate(weights)]
-    s = make({"p": slots}, tiers, headroom_scale=0.0, tier_promote_after_s=None)
+    k = Kit({"p": slots}, tiers, headroom_scale=0.0, tier_promote_after_s=None)
     used = [0.0] * len(weights)
-    running: list[tuple[float, int, int]] = []
+    running: list[tuple[float, int, Ticket]] = []
 
-    def top_up(now: float) -> list[Dispatch]:
-        got: list[Dispatch] = []
+    def start(now: float) -> None:
+        for d in k.collect().dispatches:
+            t = d.ticket
+            heapq.heappush(running, (now + took[t.tier], t.order, t))
+            used[t.tier] += took[t.tier]
+
+    def top_up(now: float) -> None:
         for tier, est in enumerate(ests):
-            while s.depth(tier) < 3:
-                result = s.submit(ticket(tier, est), now)
-                got += result.woken
-                if result.dispatch:
-                    got.append(result.dispatch)
-        return got
-
-    def start(now: float, dispatches: list[Dispatch]) -> None:
-        for d in dispatches:
-            heapq.heappush(running, (now + d.ticket.est_service_s, d.ticket.order,
-                                     d.ticket.tier))
-            used[d.ticket.tier] += d.ticket.est_service_s
+            while k.s.depth(tier) < 3:
+                k.s.submit(ticket(tier, est), now)
+                start(now)
 
     now = 0.0
-    start(now, top_up(now))
+    top_up(now)
     while now < horizon:
-        now = heapq.heappop(running)[0]
-        start(now, s.release("p", now))
-        start(now, top_up(now))
+        now, _, t = heapq.heappop(running)
+        k.running["p"].remove(t)
+        k.s.release(t, now, took[t.tier])
+        start(now)
+        top_up(now)
     return used
 
 
@@ -60,20 +59,27 @@ def test_weights_share_slot_seconds(weights: tuple[float, ...], ests: tuple[floa
         assert u / total == pytest.approx(w / sum(weights), rel=0.05)
 
 
+def test_a_tier_whose_calls_lie_about_their_size_is_charged_what_they_took() -> None:
+    """Tier 0 claims 1 s a call and takes 10: its share is still what its weight says,
+    because every call is charged its real service time when its slot comes back."""
+    used = simulate_share((1, 1), (1.0, 1.0), 1, horizon=8_000.0, took=(10.0, 1.0))
+    assert used[0] / sum(used) == pytest.approx(0.5, rel=0.05)
+
+
 def test_idle_tier_banks_no_credit() -> None:
     tiers = (TierSpec("a", 1, max_wait_s=1e9), TierSpec("b", 1, max_wait_s=1e9))
-    s = make(tiers=tiers, headroom_scale=0.0, quantum_s=5.0)
+    k = Kit(tiers=tiers, headroom_scale=0.0, quantum_s=5.0)
     now = 0.0
-    occupy(s, now, tier=1)
+    k.occupy(now, tier=1)
     for _ in range(1000):  # tier b alone for a long time
-        s.submit(ticket(1, 1.0), now)
+        k.submit(ticket(1, 1.0), now)
         now += 1.0
-        assert [d.ticket.tier for d in s.release("p", now)] == [1]
+        assert [t.tier for t in k.release("p", now)] == [1]
     for _ in range(50):  # tier a now has a backlog too
-        s.submit(ticket(0, 1.0), now)
+        k.submit(ticket(0, 1.0), now)
     for _ in range(50):
-        s.submit(ticket(1, 1.0), now)
-    order = [t.tier for t in drain(s, now)]
+        k.submit(ticket(1, 1.0), now)
+    order = [t.tier for t in k.drain(now)]
     run_of_a = order.index(1)
     assert 1 <= run_of_a <= 6  # a gets a quantum's worth first, not the 1000 s b had alone
     assert order[:40].count(0) == pytest.approx(20, abs=4)
@@ -82,27 +88,71 @@ def test_idle_tier_banks_no_credit() -> None:
 def test_urgent_tier_within_its_share_goes_first() -> None:
     """Urgent calls use 20 % of the slot (their share is 8/9): whenever the slot frees while
     one waits, it goes next, however much low work is queued."""
-    s = make({"p": 1}, headroom_scale=0.0)
+    k = Kit({"p": 1}, headroom_scale=0.0)
     now, next_urgent, busy_until = 0.0, 0.0, 0.0
     urgent_waiting: list[Ticket] = []
     picked_urgent = 0
     while now < 2000.0:
-        while s.depth(3) < 3:
-            got = s.submit(ticket(3, 5.0), now).dispatch
-            busy_until = now + 5.0 if got else busy_until
+        while k.s.depth(3) < 3:
+            low = ticket(3, 5.0)
+            k.submit(low, now)
+            busy_until = now + 5.0 if k.granted(low) else busy_until
         if now >= next_urgent:
             urgent = ticket(0, 0.2)
-            if s.submit(urgent, now).dispatch:
+            k.submit(urgent, now)
+            if k.granted(urgent):
                 busy_until = now + 0.2
             else:
                 urgent_waiting.append(urgent)
             next_urgent += 1.0
         if now >= busy_until:
-            dispatched = s.release("p", now)
+            dispatched = k.release("p", now)
             assert len(dispatched) == 1
             if urgent_waiting:
-                assert dispatched[0].ticket is urgent_waiting.pop(0)
+                assert dispatched[0] is urgent_waiting.pop(0)
                 picked_urgent += 1
-            busy_until = now + dispatched[0].ticket.est_service_s
+            busy_until = now + dispatched[0].est_service_s
         now = min(next_urgent, busy_until)
     assert picked_urgent > 100
+
+
+@pytest.mark.parametrize(("rescue_fraction", "rescued"), [(0.25, True), (0.0, False)])
+def test_a_tier_with_slack_yields_its_share_to_a_more_urgent_tier_about_to_miss(
+    rescue_fraction: float, rescued: bool
+) -> None:
+    """Low is behind its fair share and would go next, but the normal call waiting has less
+    than a quarter of its max_wait_s left: it goes first, and low right after."""
+    tiers = (TierSpec("normal", 2, max_wait_s=100), TierSpec("low", 1, max_wait_s=900))
+    k = Kit(tiers=tiers, headroom_scale=0.0, quantum_s=1.0, rescue_fraction=rescue_fraction)
+    n1, l1 = ticket(0), ticket(1)
+    k.submit(n1, 0.0)
+    k.submit(l1, 0.0)
+    assert k.finish(n1, 50.0, 50.0) == [l1]  # normal ran 50 s: far ahead of its share
+    n2, l2 = ticket(0), ticket(1)
+    k.submit(n2, 50.0)
+    k.submit(l2, 50.0)
+    assert k.finish(l1, 60.0, 10.0) == [l2]  # low is still behind: its turn
+    l3 = ticket(1)
+    k.submit(l3, 60.0)
+    order = [*k.finish(l2, 130.0, 10.0), *k.release("p", 131.0)]
+    assert order == ([n2, l3] if rescued else [l3, n2])  # 20 s left of normal's 100
+
+
+@pytest.mark.parametrize(("rescue_fraction", "rescued"), [(0.25, True), (0.0, False)])
+def test_within_a_tier_a_call_at_risk_goes_before_shorter_later_ones(
+    rescue_fraction: float, rescued: bool
+) -> None:
+    """Overtaking inside a tier is bounded: once a call has less than rescue_fraction of
+    its max_wait_s left, it goes before later, shorter calls of its tier."""
+    tiers = (TierSpec("normal", 1, max_wait_s=100),)
+    k = Kit(tiers=tiers, headroom_scale=0.0, rescue_fraction=rescue_fraction)
+    k.occupy(0.0)
+    long_call = ticket(0, 40.0)
+    k.submit(long_call, 0.0)
+    now = 0.0
+    while now < 74.0:
+        k.submit(ticket(0, 0.5), now)
+        now += 1.0
+        assert long_call not in k.release("p", now)
+    k.submit(ticket(0, 0.5), now)
+    assert (k.release("p", 76.0) == [long_call]) is rescued

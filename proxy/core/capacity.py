@@ -55,7 +55,7 @@ class Pool:
         self._grow(now)
         if now - self._cut_at < HOLD_S:
             return
-        self.limit = max(1, self.limit // 2)
+        self.limit = max(min(1, self.limit), self.limit // 2)
         self._successes = 0
         self._cut_at = now
         self._grow_at = now + GROW_EVERY_S if self.limit < self.max_concurrency else math.inf
@@ -70,11 +70,18 @@ class Pool:
             self._raise(now)
 
     def set_max(self, max_concurrency: int, now: float) -> None:
-        self.max_concurrency = max_concurrency
-        self.limit = min(max(self.limit, 1 if max_concurrency else 0), max_concurrency)
-        if self.limit == max_concurrency:
-            self._grow_at = math.inf
+        """A new configured maximum: the limit follows it unless a 429 cut it, in which
+        case it keeps growing back, now towards the new maximum."""
         self._grow(now)
+        was_full = self.limit >= self.max_concurrency
+        self.max_concurrency = max_concurrency
+        if was_full:
+            self.limit = max_concurrency
+        self.limit = min(max(self.limit, 1 if max_concurrency else 0), max_concurrency)
+        if self.limit >= max_concurrency:
+            self._grow_at = math.inf
+        elif not math.isfinite(self._grow_at):
+            self._grow_at = now + GROW_EVERY_S
 
     def next_change(self, now: float) -> float:
         """When ``free`` may next grow by time alone (pause ends, limit grows back)."""

@@ -18,7 +18,7 @@ slot of a provider: each tier can always use one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 # Loads this far under a whole slot round down, so a trickle of urgent calls reserves nothing.
 _ROUND_DOWN = 0.05
@@ -84,23 +84,27 @@ class Headroom:
              running: Sequence[int], capacity: int) -> list[int]:
         """Per tier, how many free slots of ``provider`` that tier must leave alone;
         ``running`` counts the provider's calls in flight per tier."""
-        return list(self.iter_held(provider, now, fixed, running, capacity))
+        return [self.held_against(provider, tier, now, fixed, running, capacity)
+                for tier in range(self._tiers)]
 
-    def iter_held(self, provider: str, now: float, fixed: Sequence[int | None],
-                  running: Sequence[int], capacity: int) -> Iterator[int]:
-        """``held`` one tier at a time, most urgent first, so a caller can stop early."""
+    def held_against(self, provider: str, tier: int, now: float, fixed: Sequence[int | None],
+                     running: Sequence[int], capacity: int) -> int:
+        """The free slots of ``provider`` that ``tier`` must leave alone: the largest hold
+        of any more urgent tier, never every slot."""
         ceiling = max(capacity - 1, 0)
+        if not tier or not ceiling:
+            return 0
         loads = self._load.get(provider)
         load = 0.0
         busy = 0
         held = 0
-        for tier in range(self._tiers):
-            yield min(held, ceiling)
+        for urgent in range(tier):
             if loads is not None:
-                stamp, quiet = self._stamp[provider][tier], self._quiet[provider][tier]
-                load += self._decayed(loads[tier], stamp, quiet, now)
-            busy += running[tier]
-            held = max(held, self._hold(fixed[tier], load, busy))
+                load += self._decayed(loads[urgent], self._stamp[provider][urgent],
+                                      self._quiet[provider][urgent], now)
+            busy += running[urgent]
+            held = max(held, self._hold(fixed[urgent], load, busy))
+        return min(held, ceiling)
 
     def lapse_time(self, provider: str, tier: int, target: int, now: float,
                    fixed: Sequence[int | None], running: Sequence[int],

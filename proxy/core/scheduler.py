@@ -97,6 +97,8 @@ class Scheduler:
         self._headroom = Headroom(count, settings.headroom_scale, settings.headroom_horizon_s)
         self._share = FairShare([t.weight for t in settings.tiers])
         self._out = Decisions()
+        self._next_order = 0
+        self._routes: dict[tuple[str, ...], tuple[tuple[Gate, ...], tuple[Pool, ...]]] = {}
 
     # --- calls --------------------------------------------------------------------------
 
@@ -116,7 +118,9 @@ class Scheduler:
             if ticket.max_wait_s is not None:
                 max_wait_s = min(max_wait_s, max(ticket.max_wait_s, 0.0))
             ticket.deadline = now + max_wait_s
-            gates = [self._gates[d] for d in ticket.candidates]
+            ticket.order = self._next_order
+            self._next_order += 1
+            gates = self._route(ticket.candidates)[0]
             likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
             self._headroom.record(likely, ticket.tier, ticket.est_service_s, now)
         ticket.state = TicketState.QUEUED
@@ -125,15 +129,29 @@ class Scheduler:
         if ticket.deadline <= now:
             self._reject(ticket, "queue_timeout", now, queued=False)
             return
-        if all(self._gates[d].down(now) for d in ticket.candidates):
+        gates, pools = self._route(ticket.candidates)
+        if all(g.down(now) for g in gates):
             self._reject(ticket, "upstream_unavailable", now, queued=False)
+            return
+        if not self._queues.queued and self._start_at_once(ticket, gates, now):
             return
         self._catch_up(now)  # calls due to move up join their level before this one
         self._queues.add(ticket)
-        for pool in dict.fromkeys(self._gates[d].pool.name for d in ticket.candidates):
-            self._fill(self._pools[pool], now)
+        for pool in pools:
+            self._fill(pool, now)
         if ticket.state is TicketState.QUEUED:
             self._enforce_bounds(ticket, now)
+
+    def _start_at_once(self, ticket: Ticket, gates: tuple[Gate, ...], now: float) -> bool:
+        """Nothing waits: the first open gate with a free slot that no hold keeps takes it."""
+        for gate in gates:
+            pool = gate.pool
+            if gate.open(now):
+                free = pool.free(now)
+                if free > self._held_against(pool, ticket.current_tier, now):
+                    self._dispatch(ticket, gate, now)
+                    return True
+        return False
 
     def release(self, ticket: Ticket, now: float, service_s: float | None = None) -> None:
         """The slot a ticket holds came back; ``service_s`` (how long it held it) corrects
@@ -165,6 +183,7 @@ class Scheduler:
         that grew back, lapsed holds."""
         for ticket in self._queues.pop_expired(now):
             self._reject(ticket, "queue_timeout", now)
+        self._catch_up(now)
         self._fill_all(now)
 
     def take(self) -> Decisions:
@@ -175,7 +194,8 @@ class Scheduler:
     def next_wakeup(self, now: float) -> float | None:
         """When ``advance`` next has something to do: a deadline; or, for a provider with a
         call waiting for it, a pause or breaker that ends, a limit that grows back, or
-        (while a free slot is held back) a hold that lapses or a tier promotion."""
+        (while a free slot is held back from a waiting call) a hold that lapses or a tier
+        promotion."""
         soonest = self._queues.next_deadline()
         for name, pool in self._pools.items():
             waiting = [t for t in range(len(self._tiers)) if self._queues.count(name, t)]
@@ -184,14 +204,15 @@ class Scheduler:
             soonest = min(soonest, pool.next_change(now),
                           *(g.next_change(now) for g in pool.deployments))
             free = pool.free(now)
-            if free <= 0:
+            held_tier = next((t for t in waiting if self._head(pool, t, now, False)), None)
+            if free <= 0 or held_tier is None:
                 continue
+            # A free slot and a call that could take it: only a hold keeps them apart.
             soonest = min(soonest, self._queues.next_tier_promotion())
-            for tier in waiting:
-                lapse = self._headroom.lapse_time(name, tier, free - 1, now, self._reserves,
-                                                  pool.running, pool.limit)
-                if lapse is not None:
-                    soonest = min(soonest, lapse)
+            lapse = self._headroom.lapse_time(name, held_tier, free - 1, now, self._reserves,
+                                              pool.running, pool.limit)
+            if lapse is not None and lapse > now:
+                soonest = min(soonest, lapse)
         return soonest if math.isfinite(soonest) else None
 
     # --- capacity -----------------------------------------------------------------------
@@ -280,7 +301,7 @@ class Scheduler:
 
     def held_back(self, pool: str, tier: int, now: float) -> int:
         """Free slots of ``pool`` that ``tier`` may not take while no more urgent call waits."""
-        return self._held(self._pools[self._known_pool(pool)], now)[tier]
+        return self._held_against(self._pools[self._known_pool(pool)], tier, now)
 
     def expected_wait_s(self, deployment: str, tier: int, service_s: float,
                         now: float) -> float:
@@ -344,46 +365,67 @@ class Scheduler:
             if chosen is None:
                 return
             ticket, gate = chosen
-            tier = ticket.current_tier
             self._queues.discard(ticket, TicketState.DISPATCHED)
-            ticket.dispatched_at = now
-            ticket.waited_s += now - ticket.queued_at
-            ticket.deployment = gate.id
-            ticket.pool = pool.name
-            pool.inflight += 1
-            gate.inflight += 1
-            pool.running[tier] += 1
-            self._share.charge(tier, ticket.est_service_s)
-            self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
+            self._dispatch(ticket, gate, now)
+
+    def _dispatch(self, ticket: Ticket, gate: Gate, now: float) -> None:
+        pool = gate.pool
+        tier = ticket.current_tier
+        ticket.state = TicketState.DISPATCHED
+        ticket.dispatched_at = now
+        ticket.waited_s += now - ticket.queued_at
+        ticket.deployment = gate.id
+        ticket.pool = pool.name
+        pool.inflight += 1
+        gate.inflight += 1
+        pool.running[tier] += 1
+        self._share.charge(tier, ticket.est_service_s)
+        self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
         self._queues.promote_tiers(now)
         self._queues.age(now)
 
     def _choose(self, pool: Pool, now: float) -> tuple[Ticket, Gate] | None:
-        heads: dict[int, tuple[Ticket, Gate]] = {}
-        for tier in range(len(self._tiers)):
-            if self._queues.count(pool.name, tier):
-                head = self._head(pool, tier, now, oldest=False)
-                if head is not None:
-                    heads[tier] = head
-        if not heads:
-            return None
         share = self._share
         line = share.sync(self._queues.depth) + self._settings.quantum_s
+        heads: dict[int, tuple[Ticket, Gate]] = {}
+        chosen: int | None = None
+        for tier in range(len(self._tiers)):
+            if not self._queues.count(pool.name, tier):
+                continue
+            head = self._head(pool, tier, now, oldest=False)
+            if head is None:
+                continue
+            heads[tier] = head
+            if share.virtual[tier] < line:
+                chosen = tier
+                break
+        if not heads:
+            return None
         most_urgent = min(heads)
-        chosen = next((t for t in sorted(heads) if share.virtual[t] < line),
-                      min(heads, key=lambda t: share.virtual[t]))
-        oldest = {t: self._head(pool, t, now, oldest=True) or heads[t] for t in heads}
-        if chosen != most_urgent and not self._at_risk(oldest[chosen][0], now):
-            at_risk = [t for t in heads if t < chosen and self._at_risk(oldest[t][0], now)]
-            if at_risk:
-                chosen = min(at_risk, key=lambda t: oldest[t][0].deadline)
-        if chosen == most_urgent and pool.free(now) <= self._held(pool, now)[chosen]:
+        if chosen is None:
+            chosen = min(heads, key=lambda t: share.virtual[t])
+        oldest: dict[int, tuple[Ticket, Gate] | None] = {}
+
+        def at_risk(tier: int) -> tuple[Ticket, Gate] | None:
+            """The oldest call of ``tier`` this pool can serve, if it is at risk."""
+            if tier not in oldest:
+                found = None
+                if self._at_risk(tier, self._queues.earliest_deadline(tier), now):
+                    found = self._head(pool, tier, now, oldest=True)
+                    if found and not self._at_risk(tier, found[0].deadline, now):
+                        found = None
+                oldest[tier] = found
+            return oldest[tier]
+
+        if chosen != most_urgent and not at_risk(chosen):
+            rescue = [t for t in heads if t < chosen and at_risk(t)]
+            if rescue:
+                chosen = min(rescue, key=lambda t: at_risk(t)[0].deadline)  # type: ignore[index]
+        if chosen == most_urgent and pool.free(now) <= self._held_against(pool, chosen, now):
             return None  # keep the slot for the more urgent arrivals the headroom expects
-        if self._at_risk(oldest[chosen][0], now):
-            return oldest[chosen]
-        return heads[chosen]
+        return at_risk(chosen) or heads[chosen]
 
     def _head(self, pool: Pool, tier: int, now: float,
               oldest: bool) -> tuple[Ticket, Gate] | None:
@@ -403,9 +445,13 @@ class Scheduler:
                 return best
         return best
 
-    def _at_risk(self, ticket: Ticket, now: float) -> bool:
-        spec = self._tiers[ticket.current_tier]
-        return ticket.deadline - now < self._settings.rescue_fraction * spec.max_wait_s
+    def _at_risk(self, tier: int, deadline: float, now: float) -> bool:
+        """Less than ``rescue_fraction`` of the tier's ``max_wait_s`` is left."""
+        return deadline - now < self._settings.rescue_fraction * self._tiers[tier].max_wait_s
+
+    def _held_against(self, pool: Pool, tier: int, now: float) -> int:
+        return self._headroom.held_against(pool.name, tier, now, self._reserves, pool.running,
+                                           pool.limit)
 
     def _held(self, pool: Pool, now: float) -> list[int]:
         return self._headroom.held(pool.name, now, self._reserves, pool.running, pool.limit)
@@ -413,12 +459,11 @@ class Scheduler:
     # --- bookkeeping --------------------------------------------------------------------
 
     def _reject(self, ticket: Ticket, code: str, now: float, queued: bool = True) -> None:
-        retry_after = self._retry_after(ticket, now)
         if queued:
             self._leave(ticket, TicketState.REJECTED, now)
         else:
             ticket.state = TicketState.REJECTED
-        self._out.rejections.append(Rejection(ticket, code, retry_after))
+        self._out.rejections.append(Rejection(ticket, code, self._retry_after(ticket, now)))
 
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
@@ -461,8 +506,7 @@ class Scheduler:
             raise ValueError("ceiling must be a tier at least as urgent as the ticket's own")
         if not ticket.candidates:
             raise ValueError("a ticket needs at least one candidate")
-        for deployment in ticket.candidates:
-            self._known_gate(deployment)
+        self._route(ticket.candidates)
         for value in (ticket.est_service_s, ticket.size_s):
             if value is not None and (not value >= 0 or not math.isfinite(value)):
                 raise ValueError("est_service_s and size_s must be finite and non-negative")
@@ -492,6 +536,15 @@ class Scheduler:
         gate = self._gates[deployment] = Gate(deployment, owner)
         owner.deployments.append(gate)
 
+    def _route(self, candidates: tuple[str, ...]) -> tuple[tuple[Gate, ...], tuple[Pool, ...]]:
+        """The gates of ``candidates`` and their distinct pools, in preference order."""
+        found = self._routes.get(candidates)
+        if found is None:
+            gates = tuple(self._gates[self._known_gate(d)] for d in candidates)
+            pools = tuple({g.pool.name: g.pool for g in gates}.values())
+            found = self._routes[candidates] = (gates, pools)
+        return found
+
     def _gates_by_pool(self, candidates: tuple[str, ...]) -> dict[str, tuple[Gate, ...]]:
         by_pool: dict[str, list[Gate]] = {}
         for deployment in dict.fromkeys(candidates):
@@ -501,5 +554,8 @@ class Scheduler:
 
 
 def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:
-    return next((g for g in lane.gates[pool] if g.open(now)), None)
+    for gate in lane.gates[pool]:
+        if gate.open(now):
+            return gate
+    return None
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from .capacity import Gate
 from .scheduler_types import Ticket, TicketState
 
-# Rebuild once the entries exceed this many per live ticket, plus a constant.
-_STALE_FACTOR = 4
+# A queued ticket has at most six live entries (lane, newest, aging, promotion and two
+# deadlines): rebuild once the entries exceed twice that per live ticket, plus a constant.
+_STALE_FACTOR = 12
 _COMPACT_SLACK = 4096
 
 Entry = tuple[float, int, int, Ticket]  # (key, order, epoch or visit, ticket)
@@ -71,9 +72,9 @@ class TicketQueues:
         self._promotions: list[Entry] = []
         self._deadlines: list[Entry] = []
         self._newest: list[list[tuple[int, int, Ticket]]] = [[] for _ in range(tiers)]
+        self._due: list[list[Entry]] = [[] for _ in range(tiers)]  # deadlines per tier
         self._live: dict[Ticket, None] = {}
         self._entries = 0
-        self._next_order = 0
         self.depth = [0] * tiers
         self.level_depth = [[0] * levels for _ in range(tiers)]
         self.queued_s = [0.0] * tiers
@@ -98,11 +99,8 @@ class TicketQueues:
         return 0.0 if seconds is None else seconds[tier]
 
     def add(self, ticket: Ticket) -> None:
-        """Queue a ticket whose tier, level, times and state the caller has set; a ticket
-        seen before keeps its arrival order."""
-        if ticket.order < 0:
-            ticket.order = self._next_order
-            self._next_order += 1
+        """Queue a ticket whose tier, level, arrival order, times and state the caller has
+        set."""
         self._live[ticket] = None
         self._push(self._deadlines, ticket.deadline, ticket, ticket.order)
         if not ticket.promoted and ticket.current_tier > ticket.ceiling:
@@ -176,6 +174,17 @@ class TicketQueues:
             self._entries -= 1
         return None
 
+    def earliest_deadline(self, tier: int) -> float:
+        """The earliest deadline of a ticket queued in ``tier`` now."""
+        heap = self._due[tier]
+        while heap:
+            deadline, _, epoch, ticket = heap[0]
+            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+                return deadline
+            heapq.heappop(heap)
+            self._entries -= 1
+        return math.inf
+
     def oldest_arrival(self, tier: int) -> float:
         return min((t.arrived for t in self._live if t.current_tier == tier), default=math.inf)
 
@@ -200,7 +209,8 @@ class TicketQueues:
         lane = self._lane(tier, level, ticket.candidates)
         heapq.heappush(lane.heap, (ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._newest[tier], (-ticket.order, ticket.epoch, ticket))
-        self._entries += 2
+        heapq.heappush(self._due[tier], (ticket.deadline, ticket.order, ticket.epoch, ticket))
+        self._entries += 3
         if level > 0:
             due = ticket.entered_level + self._promote_after[level]
             if math.isfinite(due):
@@ -258,11 +268,16 @@ class TicketQueues:
         self._aging = [e for e in self._aging
                        if e[3].epoch == e[2] and e[3].state is TicketState.QUEUED]
         heapq.heapify(self._aging)
+        self._due = [[(t.deadline, t.order, t.epoch, t) for t in self._live
+                      if t.current_tier == tier] for tier in range(self._tiers)]
+        for due in self._due:
+            heapq.heapify(due)
         for name in ("_promotions", "_deadlines"):
             kept = [e for e in getattr(self, name)
                     if e[3].visit == e[2] and e[3].state is TicketState.QUEUED]
             heapq.heapify(kept)
             setattr(self, name, kept)
         self._entries = (sum(len(lane.heap) for lane in self._lanes.values())
-                         + sum(map(len, self._newest)) + len(self._aging)
+                         + sum(map(len, self._newest)) + sum(map(len, self._due))
+                         + len(self._aging)
                          + len(self._promotions) + len(self._deadlines))
