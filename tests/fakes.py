@@ -53,19 +53,25 @@ class Seen:
 @dataclass
 class FakeUpstream:
     """Behaviour per call comes from ``script`` (then ``default``):
-    ok | 500 | 429 | 400 | stall | cut | half | early_end | slow | flood."""
+    ok | 500 | 429 | 400 | 401 | stall | cut | half | early_end | slow | flood. With
+    ``capacity`` set, a call past that many at once is answered 429 whatever the script
+    says, like a provider whose real limit is lower than the proxy was told."""
 
     default: str = "ok"
     script: deque[str] = field(default_factory=deque)
     words: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
     chunk_delay_s: float = 0.0
     hold_s: float = 0.0  # non-streaming: time before answering
+    capacity: int | None = None
+    retry_after_ms: str = "50"
+    usage: dict[str, Any] | None = None  # reported instead of the default usage
     reply_headers: dict[str, str] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     active: int = 0
     peak: int = 0
     cancelled: int = 0
     completed: int = 0
+    throttled: int = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -84,6 +90,10 @@ class FakeUpstream:
         body = await request.json()
         self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
         mode = self.script.popleft() if self.script else self.default
+        if self.capacity is not None and self.active >= self.capacity:
+            mode = "429"
+        if mode == "429":
+            self.throttled += 1
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
@@ -108,14 +118,22 @@ class FakeUpstream:
             return web.json_response(
                 {"error": {"message": "slow down", "type": "rate_limit", "param": None,
                            "code": "rate_limit_exceeded"}},
-                status=429, headers={"retry-after-ms": "50"})
+                status=429, headers={"retry-after-ms": self.retry_after_ms})
+        if mode == "401":
+            return web.json_response(
+                {"error": {"message": "Incorrect API key provided: sk-prov***ider",
+                           "type": "invalid_request_error", "param": None,
+                           "code": "invalid_api_key"}}, status=401)
         if mode == "stall":
             await asyncio.sleep(3600)
         if not body.get("stream"):
             if self.hold_s:
                 await asyncio.sleep(self.hold_s)
             self.completed += 1
-            return web.json_response(completion(model), headers={
+            answer = completion(model)
+            if self.usage is not None:
+                answer["usage"] = self.usage
+            return web.json_response(answer, headers={
                 "set-cookie": "a=b", "x-upstream-extra": "1", "connection": "keep-alive, x-hop",
                 "x-hop": "private", **self.reply_headers})
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
