@@ -6,47 +6,45 @@ import math
 
 import pytest
 
-from proxy.core.capacity import GROW_EVERY_S, HOLD_S, Gate, Pool
+from proxy.core.capacity import GROW_EVERY_S, Gate, Pool
 
-# AIMD: (now, event, expected limit). max 16.
-AIMD_STEPS = {
-    "halves on a 429": [(0.0, "429", 8), (2.0, "429", 4), (4.0, "429", 2), (6.0, "429", 1)],
-    "never below one": [(t, "429", max(1, 16 >> (t // 2 + 1))) for t in range(0, 14, 2)],
-    "a burst of 429s halves once": [(0.0, "429", 8), (0.1, "429", 8), (0.9, "429", 8)],
-    "one more after `limit` successes": (
-        [(0.0, "429", 8), (0.5, "ok", 8)]  # during the hold: ignored
-        + [(2.0, "ok", 8)] * 7
-        + [(2.0, "ok", 9)]
-        + [(2.0, "ok", 9)] * 8
-        + [(2.0, "ok", 10)]
-    ),
-    "never above the maximum": [(0.0, "ok", 16)] * 40,
-    "grows back by one every few seconds without traffic": [
-        (0.0, "429", 8), (GROW_EVERY_S - 0.01, "-", 8), (GROW_EVERY_S, "-", 9),
-        (3 * GROW_EVERY_S, "-", 11), (100 * GROW_EVERY_S, "-", 16),
-    ],
+# Adaptive limit: (now, event, calls still in flight, expected limit). max 16.
+ADAPTIVE_STEPS = {
+    "a 429 with nothing else in flight halves the limit": [
+        (0.0, "429", 0, 8), (1.0, "429", 0, 4), (2.0, "429", 0, 2), (3.0, "429", 0, 1),
+        (4.0, "429", 0, 1)],
+    "a 429 with as many in flight as the limit allows cuts nothing more": [
+        (0.0, "429", 6, 8), (0.1, "429", 8, 8)],
+    "a 429 cuts to the concurrency the provider bore, at most by half": [
+        (0.0, "429", 11, 11), (0.0, "429", 2, 6)],
+    "a burst of 429s walks down to the real limit": [
+        (0.0, "429", 15, 15), (0.0, "429", 10, 10), (0.0, "429", 6, 6), (0.0, "429", 2, 3),
+        (0.0, "429", 2, 2)],
+    "grows back with time alone, one step per period": [
+        (0.0, "429", 0, 8), (GROW_EVERY_S - 0.01, "-", 0, 8), (GROW_EVERY_S, "-", 0, 9),
+        (3 * GROW_EVERY_S, "-", 0, 11), (100 * GROW_EVERY_S, "-", 0, 16)],
+    "a 429 restarts the wait for growth": [
+        (0.0, "429", 6, 8), (GROW_EVERY_S - 1, "429", 5, 5), (GROW_EVERY_S + 1, "-", 0, 5),
+        (2 * GROW_EVERY_S - 1, "-", 0, 6)],
 }
 
 
-@pytest.mark.parametrize("steps", AIMD_STEPS.values(), ids=AIMD_STEPS.keys())
-def test_adaptive_concurrency(steps: list[tuple[float, str, int]]) -> None:
+@pytest.mark.parametrize("steps", ADAPTIVE_STEPS.values(), ids=ADAPTIVE_STEPS.keys())
+def test_adaptive_concurrency(steps: list[tuple[float, str, int, int]]) -> None:
     pool = Pool("p", 16)
-    for index, (now, event, expected) in enumerate(steps):
+    for index, (now, event, inflight, expected) in enumerate(steps):
         if event == "429":
-            pool.cut(now)
-        elif event == "ok":
-            pool.succeed(now)
+            pool.cut(now, inflight)
         pool.free(now)
         assert pool.limit == expected, f"step {index}"
 
 
-def test_a_cut_is_one_signal_per_hold() -> None:
-    pool = Pool("p", 8)
-    pool.cut(0.0)
-    pool.cut(HOLD_S - 0.01)
-    assert pool.limit == 4
-    pool.cut(HOLD_S)
-    assert pool.limit == 2
+def test_a_big_limit_grows_back_by_an_eighth() -> None:
+    pool = Pool("p", 64)
+    pool.cut(0.0, 0)
+    assert pool.limit == 32
+    pool.free(GROW_EVERY_S)
+    assert pool.limit == 36
 
 
 def test_free_slots_follow_limit_inflight_and_pause() -> None:
@@ -63,7 +61,7 @@ def test_free_slots_follow_limit_inflight_and_pause() -> None:
 def test_growing_back_is_a_wakeup_only_while_below_the_maximum() -> None:
     pool = Pool("p", 2)
     assert pool.next_change(0.0) == math.inf
-    pool.cut(0.0)
+    pool.cut(0.0, 0)
     assert pool.next_change(0.0) == GROW_EVERY_S
     pool.free(GROW_EVERY_S)
     assert pool.limit == 2 and pool.next_change(GROW_EVERY_S) == math.inf
@@ -73,17 +71,16 @@ def test_a_raised_maximum_is_followed_unless_a_cut_holds_the_limit_down() -> Non
     pool = Pool("p", 4)
     pool.set_max(6, 0.0)
     assert pool.limit == 6
-    pool.cut(1.0)
+    pool.cut(1.0, 0)
     pool.set_max(10, 1.5)
-    assert pool.limit == 3  # grows back towards 10 with time and successes
+    assert pool.limit == 3  # grows back towards 10 with time
     pool.set_max(2, 2.0)
     assert pool.limit == 2
 
 
 def test_a_zero_maximum_stays_closed_whatever_happens() -> None:
     pool = Pool("p", 0)
-    pool.cut(0.0)
-    pool.succeed(5.0)
+    pool.cut(0.0, 0)
     assert pool.free(1000.0) == 0 and pool.limit == 0
 
 

@@ -77,7 +77,7 @@ async def test_retries_against_an_always_failing_upstream_stay_within_the_budget
     assert calls < len(dead.seen) <= calls * 1.2 + 3
 
 
-async def test_429_shrinks_the_concurrency_limit_and_success_restores_it(
+async def test_429_shrinks_the_concurrency_limit(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
     fake = FakeUpstream()
@@ -91,10 +91,6 @@ async def test_429_shrinks_the_concurrency_limit_and_success_restores_it(
     assert service.scheduler.capacity("p") == 4
     metrics = await (await client.get("/metrics")).text()
     assert 'proxy_upstream_limit{provider="p"} 4.0' in metrics
-    await asyncio.sleep(1.05)  # successes right after a cut do not count
-    for _ in range(4):
-        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    assert service.scheduler.capacity("p") == 5
 
 
 async def test_routing_strategy_per_tier(

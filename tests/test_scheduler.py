@@ -417,7 +417,7 @@ def test_half_open_lets_only_the_probes_through_and_the_rest_wait_in_place() -> 
 
 def test_a_cut_limit_grows_back_with_time_alone() -> None:
     k = Kit({"p": 4})
-    k.s.cut("p", 0.0)
+    k.s.cut("p", 0.0, 0)
     assert k.s.capacity("p") == 2
     for _ in range(2):
         k.occupy()

@@ -147,12 +147,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.probes.pop(deployment, None)
         self.collect()
 
-    @rule(pool=st.sampled_from(POOLS), ok=st.booleans())
-    def verdict(self, pool: str, ok: bool) -> None:
-        if ok:
-            self.s.succeed(pool, self.now)
-        else:
-            self.s.cut(pool, self.now)
+    @rule(pool=st.sampled_from(POOLS), bore=st.integers(0, 4))
+    def throttled(self, pool: str, bore: int) -> None:
+        self.s.cut(pool, self.now, bore)
         self.collect()
 
     @rule(pool=st.sampled_from(POOLS), limit=st.integers(0, 4))

@@ -169,7 +169,6 @@ class Attempts:
         if deployment is None:
             raise RuntimeError("finished without an attempt in flight")
         self.deployment = None
-        self.engine.scheduler.release(ticket, now, now - self._started)
         verdict = result.verdict
         usage = self.engine.usage(self.plan, deployment, result.prompt_tokens,
                                   result.completion_tokens)
@@ -177,6 +176,7 @@ class Attempts:
         self.engine.fleet.end(deployment, verdict, now, self._started,
                               self._tokens(deployment), usage.total if succeeded else None,
                               result.retry_after_s)
+        self.engine.scheduler.release(ticket, now, now - self._started)
         if succeeded or result.committed or verdict is Verdict.ABANDONED:
             if succeeded:
                 self.usage = usage

@@ -1,10 +1,13 @@
 """What each provider can take right now: slots per pool, gates per deployment.
 
-A *pool* is one provider's slots: ``limit`` calls at once, the effective limit an
-adaptive-concurrency rule moves between 1 and ``max_concurrency``: halved by a 429 (one
-cut per ``hold_s``), +1 after ``limit`` successes, and +1 every ``grow_every_s`` without
-a cut, so a provider that went quiet after a cut is probed again with traffic it no
-longer gets. A pool may be *paused* (its own rate limit or quota is spent) until a time.
+A *pool* is one provider's slots: ``limit`` calls at once, an effective limit that adapts
+between 1 and ``max_concurrency``. A 429 cuts it to the concurrency the provider was
+actually seen to bear (the calls still in flight when it refused one), by at most half;
+every ``GROW_EVERY_S`` without a 429 it grows back by one (an eighth of itself when
+that is more), so a provider whose real limit is lower than configured is used right up
+to that limit, probed above it about once per ``GROW_EVERY_S``, and a provider that went
+quiet after a cut is given its slots back with time alone. A pool may be *paused* (its own
+rate limit or quota is spent) until a time.
 
 A *deployment* (``provider/model``) has a gate: *paused* until a time (a 429 with
 ``retry-after``, the provider's quota headers), *down* until a time (its breaker is open:
@@ -19,10 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# Adaptive concurrency: one cut per this many seconds (a burst of 429s from calls already
-# in flight is one signal), and how often the limit grows back by one without a cut.
-HOLD_S = 1.0
-GROW_EVERY_S = 5.0
+GROW_EVERY_S = 10.0
 
 
 @dataclass
@@ -34,8 +34,6 @@ class Pool:
     paused_until: float = -math.inf
     running: list[int] = field(default_factory=list)  # calls in flight, per tier
     deployments: list[Gate] = field(default_factory=list)
-    _successes: int = 0
-    _cut_at: float = -math.inf
     _grow_at: float = math.inf
 
     def __post_init__(self) -> None:
@@ -50,24 +48,15 @@ class Pool:
         self._grow(now)
         return max(0, self.limit - self.inflight)
 
-    def cut(self, now: float) -> None:
-        """A 429: halve the limit (floor 1), at most once per ``HOLD_S``."""
+    def cut(self, now: float, bore: int) -> None:
+        """A 429 while ``bore`` other calls were running: that is about what the provider
+        bears, so the limit comes down to it (by at most half at a time; a burst of 429s
+        from calls already in flight walks it down to the concurrency that is real).
+        Growth starts over: the probe above the real limit failed."""
         self._grow(now)
-        if now - self._cut_at < HOLD_S:
-            return
-        self.limit = max(min(1, self.limit), self.limit // 2)
-        self._successes = 0
-        self._cut_at = now
+        self.limit = max(min(1, self.limit),
+                         min(self.limit, max(-(-self.limit // 2), bore)))
         self._grow_at = now + GROW_EVERY_S if self.limit < self.max_concurrency else math.inf
-
-    def succeed(self, now: float) -> None:
-        """A call went through: +1 after ``limit`` of them (none counted just after a cut)."""
-        self._grow(now)
-        if now - self._cut_at < HOLD_S or self.limit >= self.max_concurrency:
-            return
-        self._successes += 1
-        if self._successes >= self.limit:
-            self._raise(now)
 
     def set_max(self, max_concurrency: int, now: float) -> None:
         """A new configured maximum: the limit follows it unless a 429 cut it, in which
@@ -92,12 +81,9 @@ class Pool:
 
     def _grow(self, now: float) -> None:
         while now >= self._grow_at:
-            self._raise(self._grow_at)
-
-    def _raise(self, at: float) -> None:
-        self.limit = min(self.limit + 1, self.max_concurrency)
-        self._successes = 0
-        self._grow_at = at + GROW_EVERY_S if self.limit < self.max_concurrency else math.inf
+            self.limit = min(self.limit + max(1, self.limit // 8), self.max_concurrency)
+            self._grow_at = (self._grow_at + GROW_EVERY_S
+                             if self.limit < self.max_concurrency else math.inf)
 
 
 @dataclass

@@ -3,8 +3,10 @@
 - A breaker per deployment: when it opens, the scheduler sends nothing through the
   deployment until its cooldown ends, then at most ``half_open_probes`` calls at once until
   it closes (``Scheduler.set_down`` / ``set_up``).
-- A 429 pauses the deployment for its ``retry-after`` (or ``THROTTLE_DEFAULT_S``) and cuts
-  the provider's adaptive concurrency limit; neither counts against its health.
+- A 429 cuts the provider's adaptive concurrency limit to what it was seen to bear and,
+  unless other calls were running (the provider's concurrency showing), pauses the
+  deployment for its ``retry-after`` (or ``THROTTLE_DEFAULT_S``); it never counts against
+  its health.
 - rpm/tpm buckets per provider are taken only when a call really goes upstream, and
   refunded or reconciled with the actual usage afterwards; a spent bucket pauses the
   provider until it refills. A key's own buckets work the same way, taken when its call
@@ -128,29 +130,39 @@ class Fleet:
     def end(self, deployment: Deployment, verdict: Verdict, now: float, started: float,
             tokens: int, used: int | None, retry_after_s: float | None = None) -> None:
         """What became of an attempt ``begin`` let go: health, capacity and buckets.
-        ``used`` is the tokens the upstream reported (None: unknown or nothing useful)."""
+        ``used`` is the tokens the upstream reported (None: unknown or nothing useful).
+        Call it before the attempt's slot is released, so its verdict shapes who gets the
+        slot next."""
         breaker = self.breakers[deployment.id]
         name = deployment.provider
         if verdict is Verdict.SUCCESS:
             breaker.on_success(now, started)
             self._throttles.pop(deployment.id, None)
-            self._scheduler.succeed(name, now)
         elif verdict in (Verdict.FAILURE, Verdict.AUTH):
             breaker.on_failure(now, started)
         elif verdict is Verdict.THROTTLED:
             breaker.on_throttle(now, started)
-            streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1
-            floor = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
-            pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s
-            pause = min(max(pause, floor), THROTTLE_MAX_S)
-            self._scheduler.cut(name, now)
-            self._scheduler.pause(deployment.id, now + pause, now)
+            self._throttle(deployment, now, retry_after_s)
         else:
             breaker.on_abandon(now, started)
         if used is None:
             self.limits[name].refund(tokens, now, request=False)
         else:
             self.limits[name].reconcile(tokens, used, now)
+
+    def _throttle(self, deployment: Deployment, now: float, retry_after_s: float | None) -> None:
+        """A 429 with other calls still running is the provider's concurrency showing: the
+        limit comes down to what it bore, and the refused call waits for one of theirs to
+        finish. A 429 with nothing else running is a rate limit: the deployment pauses."""
+        name = deployment.provider
+        others = self._scheduler.inflight(name) - 1  # the refused call still holds its slot
+        self._scheduler.cut(name, now, others)
+        if others > 0:
+            return
+        streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1
+        floor = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
+        pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s
+        self._scheduler.pause(deployment.id, now + min(max(pause, floor), THROTTLE_MAX_S), now)
 
     def observe_quota(self, provider: str, headers: Mapping[str, str], now: float) -> None:
         """Pause a provider that reports its quota spent, before it starts answering 429."""

@@ -227,14 +227,10 @@ class Scheduler:
         self._pools[pool].set_max(max_concurrency, now)
         self._fill(self._pools[pool], now)
 
-    def cut(self, pool: str, now: float) -> None:
-        """A 429 from the provider: halve its effective limit (it grows back by itself)."""
-        self._pools[self._known_pool(pool)].cut(now)
-
-    def succeed(self, pool: str, now: float) -> None:
-        target = self._pools[self._known_pool(pool)]
-        target.succeed(now)
-        self._fill(target, now)
+    def cut(self, pool: str, now: float, bore: int) -> None:
+        """A 429 from the provider while ``bore`` other calls ran there: lower its
+        effective limit towards that (``proxy.core.capacity``); it grows back by itself."""
+        self._pools[self._known_pool(pool)].cut(now, bore)
 
     def pause(self, target: str, until: float, now: float) -> None:
         """Send nothing through a provider (its name) or a deployment until ``until``; a
