@@ -287,6 +287,8 @@ scheduler:
   headroom_scale: {sched.headroom_scale if headroom_scale is None else headroom_scale}
   headroom_horizon_s: {t(sched.headroom_horizon_s)}
   quantum_s: {t(sched.quantum_s)}
+  lend_s: {t(sched.lend_s)}
+  rescue_fraction: {sched.rescue_fraction}
 estimate:
   output_tokens: {est.output_tokens}
   ttft_s: {t(est.ttft_s)}

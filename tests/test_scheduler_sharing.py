@@ -116,26 +116,44 @@ def test_urgent_tier_within_its_share_goes_first() -> None:
     assert picked_urgent > 100
 
 
-@pytest.mark.parametrize(("rescue_fraction", "rescued"), [(0.25, True), (0.0, False)])
-def test_a_tier_with_slack_yields_its_share_to_a_more_urgent_tier_about_to_miss(
-    rescue_fraction: float, rescued: bool
-) -> None:
-    """Low is behind its fair share and would go next, but the normal call waiting has less
-    than a quarter of its max_wait_s left: it goes first, and low right after."""
+def lender(lend_s: float, normal_ran_s: float,
+           rescue_fraction: float = 0.25) -> tuple[Kit, Ticket, Ticket]:
+    """Normal ran ``normal_ran_s`` while low waited, so low is owed about that much (in
+    slot-seconds per unit of weight); then one call of each waits 10 s for the slot."""
     tiers = (TierSpec("normal", 2, max_wait_s=100), TierSpec("low", 1, max_wait_s=900))
-    k = Kit(tiers=tiers, headroom_scale=0.0, quantum_s=1.0, rescue_fraction=rescue_fraction)
+    k = Kit(tiers=tiers, headroom_scale=0.0, quantum_s=1.0, lend_s=lend_s,
+            rescue_fraction=rescue_fraction, tier_promote_after_s=None)
     n1, l1 = ticket(0), ticket(1)
     k.submit(n1, 0.0)
     k.submit(l1, 0.0)
-    assert k.finish(n1, 50.0, 50.0) == [l1]  # normal ran 50 s: far ahead of its share
-    n2, l2 = ticket(0), ticket(1)
-    k.submit(n2, 50.0)
-    k.submit(l2, 50.0)
-    assert k.finish(l1, 60.0, 10.0) == [l2]  # low is still behind: its turn
-    l3 = ticket(1)
-    k.submit(l3, 60.0)
-    order = [*k.finish(l2, 130.0, 10.0), *k.release("p", 131.0)]
-    assert order == ([n2, l3] if rescued else [l3, n2])  # 20 s left of normal's 100
+    assert k.finish(n1, 0.0, normal_ran_s) == [l1]
+    normal, low = ticket(0), ticket(1)
+    k.submit(normal, 0.0)
+    k.submit(low, 0.0)
+    return k, normal, low
+
+
+def test_a_tier_behind_its_share_lends_its_turn_to_a_more_urgent_tier_that_needs_it_more() -> None:
+    """Both calls waited 10 s: normal's used a tenth of its 100 s, low's a ninetieth of its
+    900 s. Low is behind its share, yet normal goes first."""
+    k, normal, _ = lender(lend_s=50.0, normal_ran_s=40.0)
+    assert k.release("p", 10.0) == [normal]
+
+
+def test_lending_stops_where_lend_s_says() -> None:
+    k, _, low = lender(lend_s=50.0, normal_ran_s=200.0)  # owed (200 - 1) / 2 > 50
+    assert k.release("p", 10.0) == [low]
+
+
+@pytest.mark.parametrize(("rescue_fraction", "first"), [(0.25, "low"), (0.1, "normal")])
+def test_a_tier_at_risk_lends_nothing(rescue_fraction: float, first: str) -> None:
+    """At 760 the low call has 140 s of its 900 left, the normal one 10 of its 100: normal
+    has used more of its wait, but low only lends while it is not at risk itself."""
+    k, normal, low = lender(lend_s=50.0, normal_ran_s=40.0, rescue_fraction=rescue_fraction)
+    k.s.cancel(normal, 0.0)
+    pressed = ticket(0)
+    k.submit(pressed, 670.0)
+    assert k.release("p", 760.0) == [low if first == "low" else pressed]
 
 
 @pytest.mark.parametrize(("rescue_fraction", "rescued"), [(0.25, True), (0.0, False)])

@@ -193,6 +193,8 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
             "headroom_horizon_s", defaults.headroom_horizon_s, positive=True
         ),
         quantum_s=node.number("quantum_s", defaults.quantum_s, positive=True),
+        lend_s=node.number("lend_s", defaults.lend_s),
+        rescue_fraction=node.number("rescue_fraction", defaults.rescue_fraction, maximum=1.0),
     )
     node.check_unknown()
     return settings

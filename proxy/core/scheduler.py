@@ -69,6 +69,8 @@ _RETRY_AFTER_MIN_S = 1.0
 _RETRY_AFTER_MAX_S = 120.0
 # Weight of the newest sample in the per-provider mean of observed service times.
 _SERVICE_EWMA_ALPHA = 0.1
+# Until its slot comes back, a call is charged at most this many times its provider's mean.
+CLAIM_FACTOR = 4.0
 
 
 class Scheduler:
@@ -122,7 +124,7 @@ class Scheduler:
             self._next_order += 1
             gates = self._route(ticket.candidates)[0]
             likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
-            self._headroom.record(likely, ticket.tier, ticket.est_service_s, now)
+            self._headroom.record(likely, ticket.tier, self._claim(likely, ticket), now)
         ticket.state = TicketState.QUEUED
         ticket.visit += 1
         ticket.queued_at = now
@@ -166,7 +168,7 @@ class Scheduler:
         pool.running[ticket.current_tier] -= 1
         ticket.state = TicketState.RELEASED
         if service_s is not None and math.isfinite(service_s) and service_s >= 0:
-            delta = service_s - ticket.est_service_s
+            delta = service_s - ticket.charged_s
             self._share.charge(ticket.current_tier, delta)
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
             old = self._mean_service.get(pool.name, service_s)
@@ -204,7 +206,7 @@ class Scheduler:
             soonest = min(soonest, pool.next_change(now),
                           *(g.next_change(now) for g in pool.deployments))
             free = pool.free(now)
-            held_tier = next((t for t in waiting if self._head(pool, t, now, False)), None)
+            held_tier = next((t for t in waiting if self._head(pool, t, now)), None)
             if free <= 0 or held_tier is None:
                 continue
             # A free slot and a call that could take it: only a hold keeps them apart.
@@ -375,7 +377,8 @@ class Scheduler:
         pool.inflight += 1
         gate.inflight += 1
         pool.running[tier] += 1
-        self._share.charge(tier, ticket.est_service_s)
+        ticket.charged_s = self._claim(pool.name, ticket)
+        self._share.charge(tier, ticket.charged_s)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
@@ -390,7 +393,7 @@ class Scheduler:
         for tier in range(len(self._tiers)):
             if not self._queues.count(pool.name, tier):
                 continue
-            head = self._head(pool, tier, now, oldest=False)
+            head = self._head(pool, tier, now)
             if head is None:
                 continue
             heads[tier] = head
@@ -402,44 +405,65 @@ class Scheduler:
         most_urgent = min(heads)
         if chosen is None:
             chosen = min(heads, key=lambda t: share.virtual[t])
-        oldest: dict[int, tuple[Ticket, Gate] | None] = {}
+        due: dict[int, tuple[Ticket, Gate]] = {}
 
-        def at_risk(tier: int) -> tuple[Ticket, Gate] | None:
-            """The oldest call of ``tier`` this pool can serve, if it is at risk."""
-            if tier not in oldest:
-                found = None
-                if self._at_risk(tier, self._queues.earliest_deadline(tier), now):
-                    found = self._head(pool, tier, now, oldest=True)
-                    if found and not self._at_risk(tier, found[0].deadline, now):
-                        found = None
-                oldest[tier] = found
-            return oldest[tier]
+        def earliest(tier: int) -> tuple[Ticket, Gate]:
+            """The call of ``tier`` this pool can serve whose deadline comes first."""
+            if tier not in due:
+                due[tier] = self._head(pool, tier, now, earliest=True) or heads[tier]
+            return due[tier]
+
+        def used(tier: int) -> float:
+            """How much of its max_wait_s the most pressed call of ``tier`` has used."""
+            left = earliest(tier)[0].deadline - now
+            return 1.0 - left / self._tiers[tier].max_wait_s
+
+        def at_risk(tier: int) -> bool:
+            if not self._at_risk(tier, self._queues.earliest_deadline(tier), now):
+                return False  # cheap: nothing in the tier, on any provider, is near
+            return self._at_risk(tier, earliest(tier)[0].deadline, now)
 
         if chosen != most_urgent and not at_risk(chosen):
-            rescue = [t for t in heads if t < chosen and at_risk(t)]
-            if rescue:
-                chosen = min(rescue, key=lambda t: at_risk(t)[0].deadline)  # type: ignore[index]
+            # The share's turn goes to a more urgent tier that needs it more, while what
+            # the lender is owed stays within lend_s.
+            lend = self._settings.lend_s
+            pressed = [t for t in heads if t < chosen
+                       and share.virtual[t] - share.virtual[chosen] < lend
+                       and (at_risk(t) or used(t) > used(chosen))]
+            if pressed:
+                chosen = min(pressed)
         if chosen == most_urgent and pool.free(now) <= self._held_against(pool, chosen, now):
             return None  # keep the slot for the more urgent arrivals the headroom expects
-        return at_risk(chosen) or heads[chosen]
+        return earliest(chosen) if at_risk(chosen) else heads[chosen]
 
     def _head(self, pool: Pool, tier: int, now: float,
-              oldest: bool) -> tuple[Ticket, Gate] | None:
-        """The ticket of ``tier`` that ``pool`` should take: the top level first, oldest
-        arrival within it (``oldest``: the oldest arrival whatever its level), and the
-        first open gate of its candidates in this pool."""
+              earliest: bool = False) -> tuple[Ticket, Gate] | None:
+        """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
+        candidates in this pool: the top level first and the oldest arrival within it, or
+        (``earliest``) the earliest deadline whatever the level."""
         best: tuple[Ticket, Gate] | None = None
         for level in range(self._settings.levels):
             for lane in self._queues.lanes(pool.name, tier, level):
-                ticket = lane.head()
-                if ticket is None or (best is not None and ticket.order >= best[0].order):
+                ticket = lane.earliest() if earliest else lane.head()
+                if ticket is None or (best is not None and (
+                        (ticket.deadline, ticket.order) >= (best[0].deadline, best[0].order)
+                        if earliest else ticket.order >= best[0].order)):
                     continue
                 gate = _open_gate(lane, pool.name, now)
                 if gate is not None:
                     best = (ticket, gate)
-            if best is not None and not oldest:
+            if best is not None and not earliest:
                 return best
         return best
+
+    def _claim(self, pool: str, ticket: Ticket) -> float:
+        """What a call is charged until its real service time is known: its estimate, but
+        never more than ``CLAIM_FACTOR`` times the provider's mean, so a call that lies
+        about its size cannot borrow against its tier's share or the headroom."""
+        typical = self._mean_service.get(pool)
+        if typical is None:
+            return ticket.est_service_s
+        return min(ticket.est_service_s, CLAIM_FACTOR * max(typical, 1.0))
 
     def _at_risk(self, tier: int, deadline: float, now: float) -> bool:
         """Less than ``rescue_fraction`` of the tier's ``max_wait_s`` is left."""

@@ -23,18 +23,20 @@ from collections.abc import Callable, Iterator, Sequence
 from .capacity import Gate
 from .scheduler_types import Ticket, TicketState
 
-# A queued ticket has at most six live entries (lane, newest, aging, promotion and two
-# deadlines): rebuild once the entries exceed twice that per live ticket, plus a constant.
-_STALE_FACTOR = 12
+# A queued ticket has at most seven live entries (two in its lane, newest, aging,
+# promotion and two deadlines): rebuild once the entries exceed twice that per live
+# ticket, plus a constant.
+_STALE_FACTOR = 14
 _COMPACT_SLACK = 4096
 
 Entry = tuple[float, int, int, Ticket]  # (key, order, epoch or visit, ticket)
 
 
 class Lane:
-    """Tickets of one tier and level with the same candidates, oldest arrival first."""
+    """Tickets of one tier and level with the same candidates: by arrival (``head``) and
+    by deadline (``earliest``)."""
 
-    __slots__ = ("candidates", "gates", "heap", "level", "tier")
+    __slots__ = ("candidates", "due", "gates", "heap", "level", "tier")
 
     def __init__(self, tier: int, level: int, candidates: tuple[str, ...],
                  gates: dict[str, tuple[Gate, ...]]) -> None:
@@ -43,14 +45,26 @@ class Lane:
         self.candidates = candidates
         self.gates = gates  # per pool, the candidates' gates in preference order
         self.heap: list[tuple[int, int, Ticket]] = []
+        self.due: list[Entry] = []
 
     def head(self) -> Ticket | None:
+        """The oldest arrival."""
         heap = self.heap
         while heap:
             _, epoch, ticket = heap[0]
             if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
                 return ticket
             heapq.heappop(heap)
+        return None
+
+    def earliest(self) -> Ticket | None:
+        """The earliest deadline."""
+        due = self.due
+        while due:
+            _, _, epoch, ticket = due[0]
+            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+                return ticket
+            heapq.heappop(due)
         return None
 
 
@@ -208,9 +222,10 @@ class TicketQueues:
         ticket.epoch += 1
         lane = self._lane(tier, level, ticket.candidates)
         heapq.heappush(lane.heap, (ticket.order, ticket.epoch, ticket))
+        heapq.heappush(lane.due, (ticket.deadline, ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._newest[tier], (-ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._due[tier], (ticket.deadline, ticket.order, ticket.epoch, ticket))
-        self._entries += 3
+        self._entries += 4
         if level > 0:
             due = ticket.entered_level + self._promote_after[level]
             if math.isfinite(due):
@@ -261,6 +276,9 @@ class TicketQueues:
             lane.heap = [(t.order, e, t) for _, e, t in lane.heap
                          if t.epoch == e and t.state is TicketState.QUEUED]
             heapq.heapify(lane.heap)
+            lane.due = [entry for entry in lane.due
+                        if entry[3].epoch == entry[2] and entry[3].state is TicketState.QUEUED]
+            heapq.heapify(lane.due)
         self._newest = [[(-t.order, t.epoch, t) for t in self._live if t.current_tier == tier]
                         for tier in range(self._tiers)]
         for heap in self._newest:
@@ -277,7 +295,7 @@ class TicketQueues:
                     if e[3].visit == e[2] and e[3].state is TicketState.QUEUED]
             heapq.heapify(kept)
             setattr(self, name, kept)
-        self._entries = (sum(len(lane.heap) for lane in self._lanes.values())
+        self._entries = (sum(len(lane.heap) + len(lane.due) for lane in self._lanes.values())
                          + sum(map(len, self._newest)) + sum(map(len, self._due))
                          + len(self._aging)
                          + len(self._promotions) + len(self._deadlines))
