@@ -458,12 +458,13 @@ class Scheduler:
 
     def _claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but
-        never more than ``CLAIM_FACTOR`` times the provider's mean, so a call that lies
-        about its size cannot borrow against its tier's share or the headroom."""
+        never more than ``CLAIM_FACTOR`` times the provider's mean (the longest level's
+        bound until a mean is known), so a call that lies about its size cannot borrow
+        against its tier's share or the headroom."""
         typical = self._mean_service.get(pool)
-        if typical is None:
-            return ticket.est_service_s
-        return min(ticket.est_service_s, CLAIM_FACTOR * max(typical, 1.0))
+        cap = (self._settings.level_bounds_s[-1] if typical is None
+               else CLAIM_FACTOR * max(typical, 1.0))
+        return min(ticket.est_service_s, cap)
 
     def _at_risk(self, tier: int, deadline: float, now: float) -> bool:
         """Less than ``rescue_fraction`` of the tier's ``max_wait_s`` is left."""

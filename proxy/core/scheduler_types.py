@@ -58,7 +58,7 @@ class SchedulerSettings:
     headroom_scale: float = 0.5
     headroom_horizon_s: float = 30.0
     quantum_s: float = 5.0
-    lend_s: float = 50.0
+    lend_s: float = 100.0
     rescue_fraction: float = 0.25
 
     def __post_init__(self) -> None:
