@@ -159,7 +159,8 @@ def test_headroom_lapse_wakes_exactly_when_due(flow_est: float | None, wakeup: f
 def test_headroom_wakeups_make_progress_at_awkward_times(start: float) -> None:
     """Found by the state machine: a wake-up computed as stamp + horizon must see the
     reservation gone, or the shell's timer fires forever at the same instant."""
-    k = Kit({"a": 3}, headroom_horizon_s=10.0, headroom_scale=1.5)
+    k = Kit({"a": 3}, headroom_horizon_s=10.0, headroom_scale=1.5,
+            level_bounds_s=(1.0, 5.0, 60.0))  # a 45 s claim is charged in full
     first = ticket(0, 45.0, ("a",))
     k.submit(first, start)
     assert k.granted(first)
