@@ -261,3 +261,23 @@ def test_dispatch_names_the_deployment_the_policy_sends_to() -> None:
     engine.scheduler.submit(call.command.ticket, 0.0)
     decision = engine.scheduler.take().dispatches[0]
     assert decision == Dispatch(call.command.ticket, "a/x", "a")
+
+
+def test_degrade_serves_on_an_idle_backup_instead_of_shedding() -> None:
+    """The preferred provider has a long backlog of calls only it can serve; the backup is
+    idle. The expected wait counts what each provider could really serve, so the call
+    moves to the backup at once instead of being shed by a global queue depth."""
+    engine = engine_for(config_from(
+        [sim("premium", max_concurrency=1), sim("budget", max_concurrency=1)],
+        {"m": {"candidates": [{"provider": "premium", "model": "big"},
+                              {"provider": "budget", "model": "small"}],
+               "degrade": {"max_wait_s": 5, "shed_wait_s": 60}},
+         "only": [{"provider": "premium", "model": "big"}]}))
+    body = b'{"model": "only", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}'
+    backlog = [Call(engine, body) for _ in range(40)]
+    for call in backlog:
+        call.queue(0.0)
+    call = Call(engine)
+    assert isinstance(call.command, Queue)
+    assert call.command.ticket.candidates[0] == "budget/small"
+    assert isinstance(call.queue(0.0), Send)
