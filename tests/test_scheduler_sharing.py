@@ -12,35 +12,37 @@ from tests.scheduler_kit import Kit, ticket
 
 
 def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
-                   horizon: float, took: Sequence[float] | None = None) -> list[float]:
-    """Every tier always backlogged; calls claim ``ests`` and really take ``took`` (default:
-    what they claim). Slot-seconds used per tier by the end."""
+                   horizon: float, took: Sequence[float] | None = None,
+                   load: float = 1.5, lend_s: float = 0.0) -> list[float]:
+    """Every tier offers ``load`` times the provider's capacity on its own (open loop, so
+    none fits); calls claim ``ests`` and really take ``took`` (default: what they claim).
+    Slot-seconds used per tier by the horizon. No lending by default: the pure shares."""
     took = ests if took is None else took
     tiers = [TierSpec(f"t{i}", w, max_wait_s=1e9) for i, w in enumerate(weights)]
-    k = Kit({"p": slots}, tiers, headroom_scale=0.0, tier_promote_after_s=None)
+    k = Kit({"p": slots}, tiers, headroom_scale=0.0, max_queue=10**7, lend_s=lend_s)
     used = [0.0] * len(weights)
-    running: list[tuple[float, int, Ticket]] = []
+    events: list[tuple[float, int, int, Ticket | None]] = []  # (time, order, tier, running)
+    for tier, est in enumerate(ests):
+        heapq.heappush(events, (0.0, -1, tier, None))
+    gap = [took[t] / (load * slots) for t in range(len(ests))]
 
     def start(now: float) -> None:
         for d in k.collect().dispatches:
             t = d.ticket
-            heapq.heappush(running, (now + took[t.tier], t.order, t))
+            heapq.heappush(events, (now + took[t.tier], t.order, t.tier, t))
             used[t.tier] += took[t.tier]
 
-    def top_up(now: float) -> None:
-        for tier, est in enumerate(ests):
-            while k.s.depth(tier) < 3:
-                k.s.submit(ticket(tier, est), now)
-                start(now)
-
-    now = 0.0
-    top_up(now)
-    while now < horizon:
-        now, _, t = heapq.heappop(running)
-        k.running["p"].remove(t)
-        k.s.release(t, now, took[t.tier])
+    while events:
+        now, _, tier, done = heapq.heappop(events)
+        if now > horizon:
+            break
+        if done is None:
+            k.s.submit(ticket(tier, ests[tier]), now)
+            heapq.heappush(events, (now + gap[tier], -1, tier, None))
+        else:
+            k.running["p"].remove(done)
+            k.s.release(done, now, took[tier])
         start(now)
-        top_up(now)
     return used
 
 
@@ -53,7 +55,7 @@ def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
 ])
 def test_weights_share_slot_seconds(weights: tuple[float, ...], ests: tuple[float, ...],
                                     slots: int) -> None:
-    used = simulate_share(weights, ests, slots, horizon=8_000.0)
+    used = simulate_share(weights, ests, slots, horizon=4_000.0)
     total = sum(used)
     for w, u in zip(weights, used, strict=True):
         assert u / total == pytest.approx(w / sum(weights), rel=0.05)
@@ -62,7 +64,7 @@ def test_weights_share_slot_seconds(weights: tuple[float, ...], ests: tuple[floa
 def test_a_tier_whose_calls_lie_about_their_size_is_charged_what_they_took() -> None:
     """Tier 0 claims 1 s a call and takes 10: its share is still what its weight says,
     because every call is charged its real service time when its slot comes back."""
-    used = simulate_share((1, 1), (1.0, 1.0), 1, horizon=8_000.0, took=(10.0, 1.0))
+    used = simulate_share((1, 1), (1.0, 1.0), 1, horizon=4_000.0, took=(10.0, 1.0))
     assert used[0] / sum(used) == pytest.approx(0.5, rel=0.05)
 
 

@@ -72,8 +72,16 @@ class Headroom:
         rate = self._rate[provider]
         rate[tier] = rate[tier] * math.exp(-max(now - stamp, 0.0) / self._horizon)
 
+    def rate(self, provider: str, tier: int, now: float) -> float:
+        """Recent arrivals of ``tier`` at ``provider``, per second."""
+        rate = self._rate.get(provider)
+        if rate is None:
+            return 0.0
+        return self._decayed(rate[tier], self._stamp[provider][tier],
+                             self._quiet[provider][tier], now)
+
     def offered(self, provider: str, tier: int, now: float) -> float:
-        """Recent offered load of ``tier`` on ``provider``, in busy slots."""
+        """Recent offered load of ``tier`` on ``provider``, in busy slots, as claimed."""
         load = self._load.get(provider)
         if load is None:
             return 0.0

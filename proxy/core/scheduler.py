@@ -71,6 +71,9 @@ _RETRY_AFTER_MAX_S = 120.0
 _SERVICE_EWMA_ALPHA = 0.1
 # Until its slot comes back, a call is charged at most this many times its provider's mean.
 CLAIM_FACTOR = 4.0
+# A headroom hold keeps a free slot from a waiting call only until the call has used this
+# fraction of its tier's max_wait_s.
+HOLD_PATIENCE = 0.5
 
 
 class Scheduler:
@@ -85,6 +88,7 @@ class Scheduler:
         self._pools: dict[str, Pool] = {}
         self._gates: dict[str, Gate] = {}
         self._mean_service: dict[str, float] = {}
+        self._tier_service: dict[str, list[float | None]] = {}  # per provider, per tier
         for name, limit in pools.items():
             self._add_pool(name, limit)
         for deployment, pool in (deployments or {}).items():
@@ -173,6 +177,10 @@ class Scheduler:
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
             old = self._mean_service.get(pool.name, service_s)
             self._mean_service[pool.name] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
+            per_tier = self._tier_service.setdefault(pool.name, [None] * len(self._tiers))
+            seen = per_tier[ticket.tier]
+            per_tier[ticket.tier] = (service_s if seen is None
+                                     else seen + _SERVICE_EWMA_ALPHA * (service_s - seen))
         self._fill(pool, now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
@@ -423,16 +431,21 @@ class Scheduler:
                 return False  # cheap: nothing in the tier, on any provider, is near
             return self._at_risk(tier, earliest(tier)[0].deadline, now)
 
-        if chosen != most_urgent and not at_risk(chosen):
-            # The share's turn goes to a more urgent tier that needs it more, while what
-            # the lender is owed stays within lend_s.
-            lend = self._settings.lend_s
-            pressed = [t for t in heads if t < chosen
-                       and share.virtual[t] - share.virtual[chosen] < lend
-                       and (at_risk(t) or used(t) > used(chosen))]
-            if pressed:
-                chosen = min(pressed)
-        if chosen == most_urgent and pool.free(now) <= self._held_against(pool, chosen, now):
+        if chosen != most_urgent:
+            if not at_risk(chosen):
+                # Its share's turn goes to a more urgent tier that needs it more: at once
+                # to one whose load fits the provider (lending saves its calls), to others
+                # while what the lender is owed stays within lend_s.
+                lend = self._settings.lend_s
+                pressed = [t for t in heads if t < chosen and (
+                    self._fits(pool, t, now)
+                    or (share.virtual[t] - share.virtual[chosen] < lend
+                        and (at_risk(t) or used(t) > used(chosen))))]
+                if pressed:
+                    chosen = min(pressed)
+        if (chosen == most_urgent
+                and pool.free(now) <= self._held_against(pool, chosen, now)
+                and used(chosen) < HOLD_PATIENCE):
             return None  # keep the slot for the more urgent arrivals the headroom expects
         return earliest(chosen) if at_risk(chosen) else heads[chosen]
 
@@ -455,6 +468,19 @@ class Scheduler:
             if best is not None and not earliest:
                 return best
         return best
+
+    def _fits(self, pool: Pool, tier: int, now: float) -> bool:
+        """The recent offered load of ``tier`` and the more urgent tiers fits the
+        provider's slots: lending to it can save its calls, not merely delay others'.
+        Load is arrivals x the service time calls of the tier really took (what they
+        claimed until one came back)."""
+        served = self._tier_service.get(pool.name)
+        load = 0.0
+        for t in range(tier + 1):
+            typical = None if served is None else served[t]
+            load += (self._headroom.offered(pool.name, t, now) if typical is None
+                     else self._headroom.rate(pool.name, t, now) * typical)
+        return load <= pool.limit
 
     def _claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but

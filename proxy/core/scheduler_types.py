@@ -54,7 +54,7 @@ class SchedulerSettings:
     max_queue: int = 10_000
     level_bounds_s: tuple[float, ...] = (1.0, 5.0, 30.0)
     promote_after_s: tuple[float, ...] = (math.inf, 50.0, 300.0, 600.0)
-    tier_promote_after_s: float | None = 300.0
+    tier_promote_after_s: float | None = None
     headroom_scale: float = 0.5
     headroom_horizon_s: float = 30.0
     quantum_s: float = 5.0
