@@ -22,7 +22,7 @@ def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
     k = Kit({"p": slots}, tiers, headroom_scale=0.0, max_queue=10**7, lend_s=lend_s)
     used = [0.0] * len(weights)
     events: list[tuple[float, int, int, Ticket | None]] = []  # (time, order, tier, running)
-    for tier, est in enumerate(ests):
+    for tier in range(len(ests)):
         heapq.heappush(events, (0.0, -1, tier, None))
     gap = [took[t] / (load * slots) for t in range(len(ests))]
 

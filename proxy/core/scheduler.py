@@ -431,18 +431,17 @@ class Scheduler:
                 return False  # cheap: nothing in the tier, on any provider, is near
             return self._at_risk(tier, earliest(tier)[0].deadline, now)
 
-        if chosen != most_urgent:
-            if not at_risk(chosen):
-                # Its share's turn goes to a more urgent tier that needs it more: at once
-                # to one whose load fits the provider (lending saves its calls), to others
-                # while what the lender is owed stays within lend_s.
-                lend = self._settings.lend_s
-                pressed = [t for t in heads if t < chosen and (
-                    self._fits(pool, t, now)
-                    or (share.virtual[t] - share.virtual[chosen] < lend
-                        and (at_risk(t) or used(t) > used(chosen))))]
-                if pressed:
-                    chosen = min(pressed)
+        if chosen != most_urgent and not at_risk(chosen):
+            # Its share's turn goes to a more urgent tier that needs it more: at once to
+            # one whose load fits the provider (lending saves its calls), to others while
+            # what the lender is owed stays within lend_s.
+            lend = self._settings.lend_s
+            pressed = [t for t in heads if t < chosen and (
+                self._fits(pool, t, now)
+                or (share.virtual[t] - share.virtual[chosen] < lend
+                    and (at_risk(t) or used(t) > used(chosen))))]
+            if pressed:
+                chosen = min(pressed)
         if (chosen == most_urgent
                 and pool.free(now) <= self._held_against(pool, chosen, now)
                 and used(chosen) < HOLD_PATIENCE):
