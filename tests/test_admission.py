@@ -59,6 +59,12 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def release(adm: Admission, t: Ticket) -> None:
+    """The call holding ``t``'s slot finished (at the moment it was granted)."""
+    adm.scheduler.release(t, t.dispatched_at)
+    adm.settle()
+
+
 async def granted(adm: Admission, t: Ticket) -> Ticket:
     decision = await adm.wait(t)
     assert isinstance(decision, Dispatch), decision
@@ -73,12 +79,12 @@ async def test_waiters_wake_in_dispatch_order() -> None:
     async def call(tier: int) -> None:
         t = await granted(adm, ticket(tier))
         order.append(tier)
-        adm.release(t)
+        release(adm, t)
 
     tasks = [asyncio.create_task(call(t)) for t in (3, 1, 2, 0, 3)]
     await settle()
     assert order == [] and sum(s.depth(i) for i in range(4)) == 5
-    adm.release(first)
+    release(adm, first)
     await within(asyncio.gather(*tasks))
     assert order == [0, 1, 2, 3, 3]
     assert s.inflight("p") == 0
@@ -95,7 +101,7 @@ async def test_cancelled_while_queued_leaves_no_ghost() -> None:
     with pytest.raises(asyncio.CancelledError):
         await within(task)
     assert gone.state is TicketState.CANCELLED and s.depth(1) == 0
-    adm.release(first)
+    release(adm, first)
     assert s.inflight("p") == 0
     adm.close()
 
@@ -110,9 +116,9 @@ async def test_cancel_racing_with_dispatch_gives_the_slot_back(cancel_first: boo
     await settle()
     if cancel_first:  # the waiter is cancelled, then its slot is granted before it runs
         racing.cancel()
-        adm.release(first)
+        release(adm, first)
     else:  # the slot is granted, then the waiter is cancelled before it sees it
-        adm.release(first)
+        release(adm, first)
         racing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await within(racing)
@@ -120,7 +126,7 @@ async def test_cancel_racing_with_dispatch_gives_the_slot_back(cancel_first: boo
     decision = await within(waiting)  # the slot went on to the next waiter
     assert isinstance(decision, Dispatch) and decision.ticket is patient
     assert s.inflight("p") == 1
-    adm.release(patient)
+    release(adm, patient)
     assert s.inflight("p") == 0
     adm.close()
 
@@ -172,7 +178,7 @@ async def test_queue_full_and_eviction_are_decisions_with_retry_after() -> None:
     high = asyncio.create_task(adm.wait(ticket(1)))
     evicted = await within(low)
     assert isinstance(evicted, Rejection) and evicted.code == "evicted"
-    adm.release(first)
+    release(adm, first)
     assert isinstance(await within(high), Dispatch)
     adm.close()
 
@@ -207,3 +213,26 @@ async def test_close_turns_waiters_away() -> None:
     assert s.depth(2) == 0
     with pytest.raises(ShuttingDown):
         await adm.wait(ticket(0))
+
+
+async def test_a_grant_left_unsettled_for_a_waiter_that_leaves_is_given_back_once() -> None:
+    """Found in review: a core change made outside the shell (a quota pause) granted two
+    waiters; one left before the grants were settled. Its slot comes back once, and the
+    other waiter still gets its grant."""
+    tiers = (TierSpec("critical", 8, max_wait_s=120, reserve=2),
+             TierSpec("normal", 1, max_wait_s=100))
+    clock = FakeClock(start=0.0)
+    adm, s = make({"p": 3, "q": 1}, tiers=tiers, clock=clock)
+    await granted(adm, ticket(1))
+    leaving, staying = ticket(1), ticket(1)
+    gone = asyncio.create_task(adm.wait(leaving))
+    kept = asyncio.create_task(adm.wait(staying))
+    await settle()
+    clock.advance(60.0)  # past half their wait: the reserve no longer holds them back
+    s.pause("q", 70.0, clock.now())  # grants both, unsettled
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(gone)
+    decision = await within(kept)
+    assert isinstance(decision, Dispatch) and decision.ticket is staying
+    assert s.inflight("p") == 2

@@ -244,3 +244,18 @@ def test_fixed_reserve(reserves: tuple[int | None, ...], capacity: int, tier: in
     for t in calls:
         k.submit(t, 20.0)
     assert sum(k.granted(t) for t in calls) == dispatched
+
+
+def test_a_hold_lets_go_of_a_call_half_way_to_its_deadline_on_time() -> None:
+    """Found in review: with a fixed reserve the only wake-up was the deadline, so a held
+    call was refused with a slot free. The timer fires when the call has used half its
+    wait, and the call gets the slot then."""
+    tiers = (TierSpec("critical", 8, max_wait_s=120, reserve=1),
+             TierSpec("normal", 1, max_wait_s=100))
+    k = Kit({"p": 2}, tiers)
+    first, held = ticket(1), ticket(1)
+    k.submit(first, 0.0)
+    k.submit(held, 0.0)
+    assert k.granted(first) and not k.granted(held)
+    assert k.s.next_wakeup(0.0) == pytest.approx(50.0)
+    assert [d.ticket for d in k.advance(50.0).dispatches] == [held]

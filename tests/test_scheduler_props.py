@@ -15,7 +15,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TicketState, TierSpec
+from proxy.core.scheduler import (
+    HOLD_PATIENCE,
+    Scheduler,
+    SchedulerSettings,
+    Ticket,
+    TicketState,
+    TierSpec,
+)
 
 POOLS = ("a", "b")
 DEPLOYMENTS = {"a/x": "a", "a/y": "a", "b/x": "b"}
@@ -83,6 +90,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def release(self, index: int, took: float | None) -> None:
         t = self.running.pop(index % len(self.running))
         self.s.release(t, self.now, took)
+        self.finished.append(t)
+        self.collect()
+
+    @precondition(lambda self: self.running)
+    @rule(index=st.integers(0, 50))
+    def give_back(self, index: int) -> None:
+        """A grant that goes back unused (the provider's rate limit was spent)."""
+        t = self.running.pop(index % len(self.running))
+        self.s.give_back(t, self.now)
         self.finished.append(t)
         self.collect()
 
@@ -199,8 +215,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 gates[d].pool.name == pool and gates[d].open(self.now) for d in t.candidates)]
             if eligible:
                 urgent = min(t.current_tier for t in eligible)
+                pressed = min(t.deadline for t in eligible if t.current_tier == urgent)
+                used = 1 - (pressed - self.now) / TIERS[urgent].max_wait_s
                 assert free <= self.s.held_back(pool, urgent, self.now), (
                     f"{pool} idles while {eligible[0]} waits")
+                assert used < HOLD_PATIENCE + 1e-3, f"{pool} holds a slot from a pressed call"
 
     def teardown(self) -> None:
         for deployment in DEPLOYMENTS:

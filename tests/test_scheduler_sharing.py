@@ -176,3 +176,33 @@ def test_within_a_tier_a_call_at_risk_goes_before_shorter_later_ones(
         assert long_call not in k.release("p", now)
     k.submit(ticket(0, 0.5), now)
     assert (k.release("p", 76.0) == [long_call]) is rescued
+
+
+def test_a_slot_given_back_unused_refunds_its_charge() -> None:
+    """Found in review: a grant that never went upstream (its provider's rate limit was
+    spent) must not count against its tier's share, however often it bounces."""
+    k = Kit({"p": 1})
+    t = ticket(0, 20.0)
+    for _ in range(5):
+        k.submit(t, 0.0)
+        assert t.pool is not None
+        k.running[t.pool].remove(t)
+        k.s.give_back(t, 0.0)
+    assert k.s._share.virtual[0] == 0.0
+
+
+def test_a_share_corrected_on_one_provider_refills_another() -> None:
+    """Found in review: a release on P that corrects a tier's share can let Q serve a call
+    it was holding back for fair share; Q is filled at once, not at the next deadline."""
+    tiers = (TierSpec("t0", 1, max_wait_s=100, reserve=1), TierSpec("t1", 1, max_wait_s=100),
+             TierSpec("t2", 1, max_wait_s=100))
+    k = Kit({"P": 1, "Q": 2}, tiers, quantum_s=1.0, lend_s=0.0, headroom_scale=0.0)
+    on_p = ticket(1, 1.0, ("P",))
+    k.submit(on_p, 0.0)
+    for _ in range(3):
+        k.submit(ticket(1, 60.0, ("Q",)), 0.0)
+    waiting = ticket(2, 1.0, ("Q",))
+    k.submit(waiting, 0.0)
+    assert not k.granted(waiting)
+    k.finish(on_p, 1.0, 200.0)  # tier 1 really ran 200 s: now far ahead of its share
+    assert k.granted(waiting) and waiting.pool == "Q"

@@ -147,7 +147,7 @@ class Attempts:
             self.attempts += 1
             self._sent = True
             return Send(deployment)
-        self.engine.scheduler.release(ticket, now)
+        self.engine.scheduler.give_back(ticket, now)
         if start is Start.RATE_LIMITED:  # its provider is paused now; wait in place
             return Queue(ticket)
         if start is Start.DOWN:
@@ -159,7 +159,7 @@ class Attempts:
         if code == "upstream_unavailable" and self.last is not None:
             return self._give_up(now)
         error_type, message = _REFUSALS[code]
-        self._settle_key(None, now)
+        self._settle_key(self.plan.tokens if self._sent else None, now)
         return Fail(error_type(message, retry_after=retry_after_s))
 
     def finished(self, result: Result, now: float) -> Command:
@@ -173,8 +173,12 @@ class Attempts:
         usage = self.engine.usage(self.plan, deployment, result.prompt_tokens,
                                   result.completion_tokens)
         succeeded = verdict is Verdict.SUCCESS
-        self.engine.fleet.end(deployment, verdict, now, self._started,
-                              self._tokens(deployment), usage.total if succeeded else None,
+        # Tokens the call may have used: what it reported, what it was estimated at once
+        # output may have flowed (a stream cut or left), nothing for a refusal.
+        spent = self._tokens(deployment)
+        used = (usage.total if succeeded
+                else spent if result.committed or verdict is Verdict.ABANDONED else None)
+        self.engine.fleet.end(deployment, verdict, now, self._started, spent, used,
                               result.retry_after_s)
         self.engine.scheduler.release(ticket, now, now - self._started)
         if succeeded or result.committed or verdict is Verdict.ABANDONED:
@@ -211,7 +215,7 @@ class Attempts:
         if self.deployment is not None:
             self.finished(Result(Verdict.ABANDONED), now)
         elif ticket is not None and ticket.state is TicketState.DISPATCHED:
-            self.engine.scheduler.release(ticket, now)
+            self.engine.scheduler.give_back(ticket, now)
         self._settle_key(self.plan.tokens if self._sent else None, now)
 
     # --- decisions ----------------------------------------------------------------------
@@ -247,7 +251,7 @@ class Attempts:
                  for d in ranked}
         decision = degrade(plan.route, plan.tier_name, ranked, waits)
         if decision.action == "shed":
-            self._settle_key(None, now)
+            self._settle_key(self.plan.tokens if self._sent else None, now)
             return Fail(Shed(f"The '{plan.tier_name}' tier is shed: the expected wait is "
                              "too long.", retry_after=decision.retry_after_s))
         return self._queue(list(decision.deployments), now)

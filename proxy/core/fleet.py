@@ -124,6 +124,8 @@ class Fleet:
             return Start.BUDGET_SPENT
         if not retry:
             budget.on_call(now)
+        # Half-open, the scheduler's gate already admits no more calls than the breaker has
+        # probes; acquiring here does the breaker's own probe accounting.
         breaker.acquire(now)
         return Start.GO
 

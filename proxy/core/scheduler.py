@@ -12,18 +12,23 @@ The policy, for each free slot of a provider, among the calls that may use it:
 
 1. *Priority within fair share.* The most urgent tier goes first unless it is more than
    ``quantum_s`` of slot-seconds per unit of weight ahead of the most under-served
-   waiting tier (``proxy.core.sharing``); otherwise the most under-served one goes, so a
-   sustained urgent load cannot starve a less urgent tier of its weighted share.
-2. *Deadline rescue.* A tier served for its fair share yields to a more urgent tier whose
-   oldest call has less than ``rescue_fraction`` of its ``max_wait_s`` left (and is not at
-   risk itself). Within the chosen tier, a call at risk goes before shorter, later ones.
-3. *Levels.* Within a tier, a call joins the level its size puts it in (short calls
-   first), oldest arrival first within a level, and moves up a level after
-   ``promote_after_s[level]``; after ``tier_promote_after_s`` it moves up one tier, once,
-   never above its ``ceiling``.
-4. *Headroom* (``proxy.core.headroom``): while no more urgent call waits for the provider,
-   a call may not take the last free slots held for more urgent arrivals; never every slot.
-5. *Deadlines*: a queued call past its deadline is refused (``queue_timeout``), exactly on
+   waiting tier (``proxy.core.sharing``); otherwise the most under-served one goes.
+2. *Lending.* A tier served for its share, with no call at risk, lends its turn to the
+   most urgent of the more urgent tiers that need it: at once to one whose recent load,
+   with the tiers above it, fits the provider (lending saves its calls); to others only
+   while their most pressed call has used more of its ``max_wait_s`` than the lender's
+   and what the lender is owed stays within ``lend_s``. So a tier that fits is served as
+   if by priority, while a tier within its share keeps it against an urgent overload.
+3. *Rescue.* A call with less than ``rescue_fraction`` of its ``max_wait_s`` left is at
+   risk: the at-risk calls of the chosen tier go first, in deadline order.
+4. *Levels.* Within a tier, a call joins the level its stable size puts it in (short
+   calls first), oldest arrival first within a level, and moves up a level after
+   ``promote_after_s[level]``; after ``tier_promote_after_s`` (off by default) it moves
+   up one tier, once, never above its ``ceiling``.
+5. *Headroom* (``proxy.core.headroom``): while no more urgent call waits for the provider,
+   a call that has used less than half of its ``max_wait_s`` may not take the last free
+   slots held for more urgent arrivals; never every slot.
+6. *Deadlines*: a queued call past its deadline is refused (``queue_timeout``), exactly on
    time, however it entered the queue. *Bounded queue*: past a tier's or the total bound,
    a more urgent arrival evicts the latest arrival of the least urgent tier (``evicted``);
    otherwise it is refused (``queue_full``).
@@ -160,9 +165,18 @@ class Scheduler:
         return False
 
     def release(self, ticket: Ticket, now: float, service_s: float | None = None) -> None:
-        """The slot a ticket holds came back; ``service_s`` (how long it held it) corrects
-        its tier's fair share and the headroom's load, and feeds the provider's mean
-        service time. The ticket may then be submitted again."""
+        """The slot a ticket holds came back; ``service_s`` (how long it held it, if known)
+        corrects its tier's fair share and the headroom's load, and feeds the provider's
+        mean service time. The ticket may then be submitted again."""
+        self._release(ticket, now, service_s, used=True)
+
+    def give_back(self, ticket: Ticket, now: float) -> None:
+        """The slot a ticket was granted goes back unused (its provider's rate limit was
+        spent, its caller left): what its tier was charged for it is refunded."""
+        self._release(ticket, now, None, used=False)
+
+    def _release(self, ticket: Ticket, now: float, service_s: float | None,
+                 used: bool) -> None:
         if ticket.state is not TicketState.DISPATCHED or ticket.deployment is None:
             raise ValueError("release of a ticket that holds no slot")
         gate = self._gates[ticket.deployment]
@@ -171,7 +185,9 @@ class Scheduler:
         gate.inflight -= 1
         pool.running[ticket.current_tier] -= 1
         ticket.state = TicketState.RELEASED
-        if service_s is not None and math.isfinite(service_s) and service_s >= 0:
+        if not used:
+            self._share.charge(ticket.current_tier, -ticket.charged_s)
+        elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
             delta = service_s - ticket.charged_s
             self._share.charge(ticket.current_tier, delta)
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
@@ -181,7 +197,9 @@ class Scheduler:
             seen = per_tier[ticket.tier]
             per_tier[ticket.tier] = (service_s if seen is None
                                      else seen + _SERVICE_EWMA_ALPHA * (service_s - seen))
+        # The share moved, so another provider's choice may have changed too.
         self._fill(pool, now)
+        self._fill_all(now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
@@ -217,8 +235,14 @@ class Scheduler:
             held_tier = next((t for t in waiting if self._head(pool, t, now)), None)
             if free <= 0 or held_tier is None:
                 continue
-            # A free slot and a call that could take it: only a hold keeps them apart.
+            # A free slot and a call that could take it: only a hold keeps them apart,
+            # until the call has used HOLD_PATIENCE of its wait.
             soonest = min(soonest, self._queues.next_tier_promotion())
+            pressed = self._head(pool, held_tier, now, earliest=True)
+            if pressed is not None:
+                patience = (1.0 - HOLD_PATIENCE) * self._tiers[held_tier].max_wait_s
+                if pressed[0].deadline - patience > now:
+                    soonest = min(soonest, pressed[0].deadline - patience)
             lapse = self._headroom.lapse_time(name, held_tier, free - 1, now, self._reserves,
                                               pool.running, pool.limit)
             if lapse is not None and lapse > now:

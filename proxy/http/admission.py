@@ -49,11 +49,6 @@ class Admission:
             self._abandon(ticket, future)
             raise
 
-    def release(self, ticket: Ticket) -> None:
-        """Give back the slot a ticket holds (its service time is unknown)."""
-        self.scheduler.release(ticket, self._clock.now())
-        self.settle()
-
     def settle(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
         changed the core."""
@@ -66,8 +61,10 @@ class Admission:
                 future = self._waiting.pop(dispatch.ticket, None)
                 if future is not None and not future.done():
                     future.set_result(dispatch)
-                else:  # granted to a waiter that is already gone: straight back
-                    self.scheduler.release(dispatch.ticket, self._clock.now())
+                elif dispatch.ticket.state is TicketState.DISPATCHED:
+                    # Granted to a waiter that is already gone (and did not give the slot
+                    # back itself): straight back.
+                    self.scheduler.give_back(dispatch.ticket, self._clock.now())
         self._rearm()
 
     def close(self) -> None:
@@ -88,7 +85,7 @@ class Admission:
         if ticket.state is TicketState.QUEUED:
             self.scheduler.cancel(ticket, self._clock.now())
         elif ticket.state is TicketState.DISPATCHED:
-            self.scheduler.release(ticket, self._clock.now())
+            self.scheduler.give_back(ticket, self._clock.now())
         if not self._closed:
             self.settle()
 

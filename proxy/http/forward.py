@@ -163,6 +163,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         headers = response.headers
         if "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers:
             service.engine.fleet.observe_quota(deployment.provider, headers, service.clock.now())
+            service.admission.settle()
         status = response.status
         if status == 429 or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
