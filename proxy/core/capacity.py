@@ -72,6 +72,22 @@ class Pool:
         elif not math.isfinite(self._grow_at):
             self._grow_at = now + GROW_EVERY_S
 
+    def snapshot(self, now: float) -> dict[str, object]:
+        return {
+            "inflight": self.inflight,
+            "limit": self.limit,
+            "max_concurrency": self.max_concurrency,
+            "paused_for_s": round(max(0.0, self.paused_until - now), 3),
+            "running_by_tier": list(self.running),
+            "deployments": {
+                g.id: {"inflight": g.inflight,
+                       "paused_for_s": round(max(0.0, g.paused_until - now), 3),
+                       "down_for_s": round(max(0.0, g.down_until - now), 3),
+                       "probes": g.probes}
+                for g in self.deployments if g.id != self.name
+            },
+        }
+
     def next_change(self, now: float) -> float:
         """When ``free`` may next grow by time alone (pause ends, limit grows back)."""
         if now < self.paused_until:
@@ -110,3 +126,57 @@ class Gate:
         """When ``open`` may turn true by time alone (inf: not by time)."""
         until = max(self.paused_until, self.down_until)
         return until if until > now else math.inf
+
+
+Route = tuple[tuple[Gate, ...], tuple[Pool, ...]]
+
+
+class Capacity:
+    """Every pool and gate by name, and each candidate tuple's gates and pools."""
+
+    def __init__(self, tiers: int) -> None:
+        self._tiers = tiers
+        self.pools: dict[str, Pool] = {}
+        self.gates: dict[str, Gate] = {}
+        self._routes: dict[tuple[str, ...], Route] = {}
+
+    def add_pool(self, name: str, limit: int) -> None:
+        """A provider; its own name also stands for a deployment of it."""
+        pool = self.pools[name] = Pool(name, limit, running=[0] * self._tiers)
+        gate = self.gates[name] = Gate(name, pool)
+        pool.deployments.append(gate)
+
+    def add_gate(self, deployment: str, pool: str) -> None:
+        if deployment in self.gates:
+            if self.gates[deployment].pool.name != pool:
+                raise ValueError(f"deployment {deployment!r} belongs to another provider")
+            return
+        owner = self.pools[self.known_pool(pool)]
+        gate = self.gates[deployment] = Gate(deployment, owner)
+        owner.deployments.append(gate)
+
+    def known_pool(self, pool: str) -> str:
+        if pool not in self.pools:
+            raise ValueError(f"unknown provider {pool!r}")
+        return pool
+
+    def known_gate(self, deployment: str) -> str:
+        if deployment not in self.gates:
+            raise ValueError(f"unknown deployment {deployment!r}")
+        return deployment
+
+    def route(self, candidates: tuple[str, ...]) -> Route:
+        """The gates of ``candidates`` and their distinct pools, in preference order."""
+        found = self._routes.get(candidates)
+        if found is None:
+            gates = tuple(self.gates[self.known_gate(d)] for d in candidates)
+            pools = tuple({g.pool.name: g.pool for g in gates}.values())
+            found = self._routes[candidates] = (gates, pools)
+        return found
+
+    def gates_by_pool(self, candidates: tuple[str, ...]) -> dict[str, tuple[Gate, ...]]:
+        by_pool: dict[str, list[Gate]] = {}
+        for deployment in dict.fromkeys(candidates):
+            gate = self.gates[deployment]
+            by_pool.setdefault(gate.pool.name, []).append(gate)
+        return {pool: tuple(gates) for pool, gates in by_pool.items()}

@@ -8,30 +8,11 @@ pauses after a 429 or a spent rate limit, half-open probe limits, open breakers 
 adaptive concurrency limit are all capacity it sees, so a call waits for them in its
 place instead of failing.
 
-The policy, for each free slot of a provider, among the calls that may use it:
-
-1. *Priority within fair share.* The most urgent tier goes first unless it is more than
-   ``quantum_s`` of slot-seconds per unit of weight ahead of the most under-served
-   waiting tier (``proxy.core.sharing``); otherwise the most under-served one goes.
-2. *Lending.* A tier served for its share, with no call at risk, lends its turn to the
-   most urgent of the more urgent tiers that need it: at once to one whose recent load,
-   with the tiers above it, fits the provider (lending saves its calls); to others only
-   while their most pressed call has used more of its ``max_wait_s`` than the lender's
-   and what the lender is owed stays within ``lend_s``. So a tier that fits is served as
-   if by priority, while a tier within its share keeps it against an urgent overload.
-3. *Rescue.* A call with less than ``rescue_fraction`` of its ``max_wait_s`` left is at
-   risk: the at-risk calls of the chosen tier go first, in deadline order.
-4. *Levels.* Within a tier, a call joins the level its stable size puts it in (short
-   calls first), oldest arrival first within a level, and moves up a level after
-   ``promote_after_s[level]``; after ``tier_promote_after_s`` (off by default) it moves
-   up one tier, once, never above its ``ceiling``.
-5. *Headroom* (``proxy.core.headroom``): while no more urgent call waits for the provider,
-   a call that has used less than half of its ``max_wait_s`` may not take the last free
-   slots held for more urgent arrivals; never every slot.
-6. *Deadlines*: a queued call past its deadline is refused (``queue_timeout``), exactly on
-   time, however it entered the queue. *Bounded queue*: past a tier's or the total bound,
-   a more urgent arrival evicts the latest arrival of the least urgent tier (``evicted``);
-   otherwise it is refused (``queue_full``).
+The policy (``proxy.core.policy``) picks, for each free slot of a provider, among the
+calls that may use it. Deadlines are exact: a queued call past its deadline is refused
+(``queue_timeout``) on time, however it entered the queue. The queue is bounded: past a
+tier's or the total bound, a more urgent arrival evicts the latest arrival of the least
+urgent tier (``evicted``); otherwise it is refused (``queue_full``).
 
 Work-conserving apart from headroom: after every call below, no free slot is left while
 a call that may use it waits and no hold applies. Time alone can change that (a pause
@@ -45,9 +26,10 @@ import bisect
 import math
 from collections.abc import Mapping
 
-from .capacity import Gate, Pool
+from .capacity import Capacity, Gate, Pool
 from .headroom import Headroom
-from .scheduler_queues import Lane, TicketQueues
+from .policy import HOLD_PATIENCE, Policy
+from .scheduler_queues import TicketQueues
 from .scheduler_types import (
     Decisions,
     Dispatch,
@@ -59,26 +41,11 @@ from .scheduler_types import (
 )
 from .sharing import FairShare
 
-__all__ = [
-    "Decisions",
-    "Dispatch",
-    "Rejection",
-    "Scheduler",
-    "SchedulerSettings",
-    "Ticket",
-    "TicketState",
-    "TierSpec",
-]
+__all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
+           "SchedulerSettings", "Ticket", "TicketState", "TierSpec"]
 
 _RETRY_AFTER_MIN_S = 1.0
 _RETRY_AFTER_MAX_S = 120.0
-# Weight of the newest sample in the per-provider mean of observed service times.
-_SERVICE_EWMA_ALPHA = 0.1
-# Until its slot comes back, a call is charged at most this many times its provider's mean.
-CLAIM_FACTOR = 4.0
-# A headroom hold keeps a free slot from a waiting call only until the call has used this
-# fraction of its tier's max_wait_s.
-HOLD_PATIENCE = 0.5
 
 
 class Scheduler:
@@ -89,27 +56,25 @@ class Scheduler:
         self._settings = settings
         self._tiers = settings.tiers
         count = len(settings.tiers)
-        self._reserves: list[int | None] = [t.reserve for t in settings.tiers]
-        self._pools: dict[str, Pool] = {}
-        self._gates: dict[str, Gate] = {}
-        self._mean_service: dict[str, float] = {}
-        self._tier_service: dict[str, list[float | None]] = {}  # per provider, per tier
+        self._capacity = Capacity(count)
+        self._pools = self._capacity.pools
+        self._gates = self._capacity.gates
         for name, limit in pools.items():
-            self._add_pool(name, limit)
+            self._capacity.add_pool(name, limit)
         for deployment, pool in (deployments or {}).items():
-            self._add_gate(deployment, pool)
+            self._capacity.add_gate(deployment, pool)
         promote = settings.tier_promote_after_s
         self._queues = TicketQueues(
             count, settings.levels, settings.promote_after_s,
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
-            self._gates_by_pool,
+            self._capacity.gates_by_pool,
         )
         self._headroom = Headroom(count, settings.headroom_scale, settings.headroom_horizon_s)
         self._share = FairShare([t.weight for t in settings.tiers])
+        self._policy = Policy(settings, self._queues, self._share, self._headroom)
         self._out = Decisions()
         self._next_order = 0
-        self._routes: dict[tuple[str, ...], tuple[tuple[Gate, ...], tuple[Pool, ...]]] = {}
 
     # --- calls --------------------------------------------------------------------------
 
@@ -131,16 +96,16 @@ class Scheduler:
             ticket.deadline = now + max_wait_s
             ticket.order = self._next_order
             self._next_order += 1
-            gates = self._route(ticket.candidates)[0]
+            gates = self._capacity.route(ticket.candidates)[0]
             likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
-            self._headroom.record(likely, ticket.tier, self._claim(likely, ticket), now)
+            self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
         ticket.state = TicketState.QUEUED
         ticket.visit += 1
         ticket.queued_at = now
         if ticket.deadline <= now:
             self._reject(ticket, "queue_timeout", now, queued=False)
             return
-        gates, pools = self._route(ticket.candidates)
+        gates, pools = self._capacity.route(ticket.candidates)
         if all(g.down(now) for g in gates):
             self._reject(ticket, "upstream_unavailable", now, queued=False)
             return
@@ -159,7 +124,7 @@ class Scheduler:
             pool = gate.pool
             if gate.open(now):
                 free = pool.free(now)
-                if free > self._held_against(pool, ticket.current_tier, now):
+                if free > self._policy.held_against(pool, ticket.current_tier, now):
                     self._dispatch(ticket, gate, now)
                     return True
         return False
@@ -191,12 +156,7 @@ class Scheduler:
             delta = service_s - ticket.charged_s
             self._share.charge(ticket.current_tier, delta)
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
-            old = self._mean_service.get(pool.name, service_s)
-            self._mean_service[pool.name] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
-            per_tier = self._tier_service.setdefault(pool.name, [None] * len(self._tiers))
-            seen = per_tier[ticket.tier]
-            per_tier[ticket.tier] = (service_s if seen is None
-                                     else seen + _SERVICE_EWMA_ALPHA * (service_s - seen))
+            self._policy.served(pool.name, ticket.tier, service_s)
         # The share moved, so another provider's choice may have changed too.
         self._fill(pool, now)
         self._fill_all(now)
@@ -232,20 +192,13 @@ class Scheduler:
             soonest = min(soonest, pool.next_change(now),
                           *(g.next_change(now) for g in pool.deployments))
             free = pool.free(now)
-            held_tier = next((t for t in waiting if self._head(pool, t, now)), None)
+            held_tier = next((t for t in waiting if self._policy.head(pool, t, now)), None)
             if free <= 0 or held_tier is None:
                 continue
-            # A free slot and a call that could take it: only a hold keeps them apart,
-            # until the call has used HOLD_PATIENCE of its wait.
+            # A free slot and a call that could take it: only a hold keeps them apart.
             soonest = min(soonest, self._queues.next_tier_promotion())
-            pressed = self._head(pool, held_tier, now, earliest=True)
-            if pressed is not None:
-                patience = (1.0 - HOLD_PATIENCE) * self._tiers[held_tier].max_wait_s
-                if pressed[0].deadline - patience > now:
-                    soonest = min(soonest, pressed[0].deadline - patience)
-            lapse = self._headroom.lapse_time(name, held_tier, free - 1, now, self._reserves,
-                                              pool.running, pool.limit)
-            if lapse is not None and lapse > now:
+            lapse = self._policy.hold_lapse(pool, held_tier, now)
+            if lapse is not None:
                 soonest = min(soonest, lapse)
         return soonest if math.isfinite(soonest) else None
 
@@ -257,14 +210,14 @@ class Scheduler:
         if max_concurrency < 0:
             raise ValueError("max_concurrency must not be negative")
         if pool not in self._pools:
-            self._add_pool(pool, max_concurrency)
+            self._capacity.add_pool(pool, max_concurrency)
         self._pools[pool].set_max(max_concurrency, now)
         self._fill(self._pools[pool], now)
 
     def cut(self, pool: str, now: float, bore: int) -> None:
         """A 429 from the provider while ``bore`` other calls ran there: lower its
         effective limit towards that (``proxy.core.capacity``); it grows back by itself."""
-        self._pools[self._known_pool(pool)].cut(now, bore)
+        self._pools[self._capacity.known_pool(pool)].cut(now, bore)
 
     def pause(self, target: str, until: float, now: float) -> None:
         """Send nothing through a provider (its name) or a deployment until ``until``; a
@@ -272,7 +225,7 @@ class Scheduler:
         if target in self._pools:
             gate_or_pool: Pool | Gate = self._pools[target]
         else:
-            gate_or_pool = self._gates[self._known_gate(target)]
+            gate_or_pool = self._gates[self._capacity.known_gate(target)]
         gate_or_pool.paused_until = max(gate_or_pool.paused_until, until)
         self._fill_all(now)
 
@@ -280,7 +233,7 @@ class Scheduler:
         """The deployment's breaker opened: nothing goes through it until ``until``, then at
         most ``probes`` calls at once until ``set_up``. Queued calls with no other live
         candidate are refused now (``upstream_unavailable``)."""
-        gate = self._gates[self._known_gate(deployment)]
+        gate = self._gates[self._capacity.known_gate(deployment)]
         gate.down_until = until
         gate.probes = probes
         for ticket in self._queues:
@@ -291,7 +244,7 @@ class Scheduler:
 
     def set_up(self, deployment: str, now: float) -> None:
         """The deployment's breaker closed: no probe limit any more."""
-        gate = self._gates[self._known_gate(deployment)]
+        gate = self._gates[self._capacity.known_gate(deployment)]
         gate.down_until = -math.inf
         gate.probes = None
         self._fill(gate.pool, now)
@@ -308,7 +261,8 @@ class Scheduler:
             raise ValueError("weights must be positive")
         if any(r is not None and r < 0 for r in new_reserves):
             raise ValueError("reserves must not be negative")
-        self._share.weights, self._reserves = new_weights, new_reserves
+        self._share.weights = new_weights
+        self._policy.set_reserves(new_reserves)
         self._fill_all(now)
 
     # --- views --------------------------------------------------------------------------
@@ -331,14 +285,14 @@ class Scheduler:
 
     def held_back(self, pool: str, tier: int, now: float) -> int:
         """Free slots of ``pool`` that ``tier`` may not take while no more urgent call waits."""
-        return self._held_against(self._pools[self._known_pool(pool)], tier, now)
+        return self._policy.held_against(self._pools[self._capacity.known_pool(pool)], tier, now)
 
     def expected_wait_s(self, deployment: str, tier: int, service_s: float,
                         now: float) -> float:
         """A rough queue wait for a new call of ``tier`` through ``deployment``: the work
         queued at that tier or more urgent ones that this provider could serve, shared by
         its slots, and at least any pause in force."""
-        gate = self._gates[self._known_gate(deployment)]
+        gate = self._gates[self._capacity.known_gate(deployment)]
         pool = gate.pool
         paused = max(pool.paused_until, gate.paused_until, gate.down_until) - now
         ahead = sum(self._queues.pool_seconds(pool.name, t) for t in range(tier + 1))
@@ -347,34 +301,11 @@ class Scheduler:
         return max(wait, paused, 0.0)
 
     def snapshot(self, now: float) -> dict[str, object]:
-        tiers = []
-        for i, spec in enumerate(self._tiers):
-            oldest = self._queues.oldest_arrival(i)
-            tiers.append({
-                "name": spec.name,
-                "weight": self._share.weights[i],
-                "depth": self._queues.depth[i],
-                "by_level": list(self._queues.level_depth[i]),
-                "oldest_wait_s": round(now - oldest, 3) if math.isfinite(oldest) else 0.0,
-                "queued_service_s": round(self._queues.queued_s[i], 3),
-            })
+        tiers = [{"name": spec.name, "weight": self._share.weights[i],
+                  **self._queues.snapshot(i, now)} for i, spec in enumerate(self._tiers)]
         providers = {
-            name: {
-                "inflight": pool.inflight,
-                "limit": pool.limit,
-                "max_concurrency": pool.max_concurrency,
-                "paused_for_s": round(max(0.0, pool.paused_until - now), 3),
-                "held_back": self._held(pool, now),
-                "running_by_tier": list(pool.running),
-                "mean_service_s": self._mean_service.get(name),
-                "deployments": {
-                    g.id: {"inflight": g.inflight,
-                           "paused_for_s": round(max(0.0, g.paused_until - now), 3),
-                           "down_for_s": round(max(0.0, g.down_until - now), 3),
-                           "probes": g.probes}
-                    for g in pool.deployments if g.id != name
-                },
-            }
+            name: {**pool.snapshot(now), "held_back": self._policy.held(pool, now),
+                   "mean_service_s": self._policy.mean_service(name)}
             for name, pool in self._pools.items()
         }
         return {"queued": self._queues.queued, "tiers": tiers, "providers": providers}
@@ -391,7 +322,7 @@ class Scheduler:
             return
         self._catch_up(now)
         while self._queues.queued and pool.free(now) > 0:
-            chosen = self._choose(pool, now)
+            chosen = self._policy.choose(pool, now)
             if chosen is None:
                 return
             ticket, gate = chosen
@@ -409,122 +340,13 @@ class Scheduler:
         pool.inflight += 1
         gate.inflight += 1
         pool.running[tier] += 1
-        ticket.charged_s = self._claim(pool.name, ticket)
+        ticket.charged_s = self._policy.claim(pool.name, ticket)
         self._share.charge(tier, ticket.charged_s)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
         self._queues.promote_tiers(now)
         self._queues.age(now)
-
-    def _choose(self, pool: Pool, now: float) -> tuple[Ticket, Gate] | None:
-        share = self._share
-        line = share.sync(self._queues.depth) + self._settings.quantum_s
-        heads: dict[int, tuple[Ticket, Gate]] = {}
-        chosen: int | None = None
-        for tier in range(len(self._tiers)):
-            if not self._queues.count(pool.name, tier):
-                continue
-            head = self._head(pool, tier, now)
-            if head is None:
-                continue
-            heads[tier] = head
-            if share.virtual[tier] < line:
-                chosen = tier
-                break
-        if not heads:
-            return None
-        most_urgent = min(heads)
-        if chosen is None:
-            chosen = min(heads, key=lambda t: share.virtual[t])
-        due: dict[int, tuple[Ticket, Gate]] = {}
-
-        def earliest(tier: int) -> tuple[Ticket, Gate]:
-            """The call of ``tier`` this pool can serve whose deadline comes first."""
-            if tier not in due:
-                due[tier] = self._head(pool, tier, now, earliest=True) or heads[tier]
-            return due[tier]
-
-        def used(tier: int) -> float:
-            """How much of its max_wait_s the most pressed call of ``tier`` has used."""
-            left = earliest(tier)[0].deadline - now
-            return 1.0 - left / self._tiers[tier].max_wait_s
-
-        def at_risk(tier: int) -> bool:
-            if not self._at_risk(tier, self._queues.earliest_deadline(tier), now):
-                return False  # cheap: nothing in the tier, on any provider, is near
-            return self._at_risk(tier, earliest(tier)[0].deadline, now)
-
-        if chosen != most_urgent and not at_risk(chosen):
-            # Its share's turn goes to a more urgent tier that needs it more: at once to
-            # one whose load fits the provider (lending saves its calls), to others while
-            # what the lender is owed stays within lend_s.
-            lend = self._settings.lend_s
-            pressed = [t for t in heads if t < chosen and (
-                self._fits(pool, t, now)
-                or (share.virtual[t] - share.virtual[chosen] < lend
-                    and (at_risk(t) or used(t) > used(chosen))))]
-            if pressed:
-                chosen = min(pressed)
-        if (chosen == most_urgent
-                and pool.free(now) <= self._held_against(pool, chosen, now)
-                and used(chosen) < HOLD_PATIENCE):
-            return None  # keep the slot for the more urgent arrivals the headroom expects
-        return earliest(chosen) if at_risk(chosen) else heads[chosen]
-
-    def _head(self, pool: Pool, tier: int, now: float,
-              earliest: bool = False) -> tuple[Ticket, Gate] | None:
-        """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
-        candidates in this pool: the top level first and the oldest arrival within it, or
-        (``earliest``) the earliest deadline whatever the level."""
-        best: tuple[Ticket, Gate] | None = None
-        for level in range(self._settings.levels):
-            for lane in self._queues.lanes(pool.name, tier, level):
-                ticket = lane.earliest() if earliest else lane.head()
-                if ticket is None or (best is not None and (
-                        (ticket.deadline, ticket.order) >= (best[0].deadline, best[0].order)
-                        if earliest else ticket.order >= best[0].order)):
-                    continue
-                gate = _open_gate(lane, pool.name, now)
-                if gate is not None:
-                    best = (ticket, gate)
-            if best is not None and not earliest:
-                return best
-        return best
-
-    def _fits(self, pool: Pool, tier: int, now: float) -> bool:
-        """The recent offered load of ``tier`` and the more urgent tiers fits the
-        provider's slots: lending to it can save its calls, not merely delay others'.
-        Load is arrivals x the service time calls of the tier really took (what they
-        claimed until one came back)."""
-        served = self._tier_service.get(pool.name)
-        load = 0.0
-        for t in range(tier + 1):
-            typical = None if served is None else served[t]
-            load += (self._headroom.offered(pool.name, t, now) if typical is None
-                     else self._headroom.rate(pool.name, t, now) * typical)
-        return load <= pool.limit
-
-    def _claim(self, pool: str, ticket: Ticket) -> float:
-        """What a call is charged until its real service time is known: its estimate, but
-        never more than ``CLAIM_FACTOR`` times the provider's mean (the longest level's
-        bound until a mean is known), so a call that lies about its size cannot borrow
-        against its tier's share or the headroom."""
-        typical = self._mean_service.get(pool)
-        cap = (self._settings.level_bounds_s[-1] if typical is None
-               else CLAIM_FACTOR * max(typical, 1.0))
-        return min(ticket.est_service_s, cap)
-
-    def _at_risk(self, tier: int, deadline: float, now: float) -> bool:
-        """Less than ``rescue_fraction`` of the tier's ``max_wait_s`` is left."""
-        return deadline - now < self._settings.rescue_fraction * self._tiers[tier].max_wait_s
-
-    def _held_against(self, pool: Pool, tier: int, now: float) -> int:
-        return self._headroom.held_against(pool.name, tier, now, self._reserves, pool.running,
-                                           pool.limit)
-
-    def _held(self, pool: Pool, now: float) -> list[int]:
-        return self._headroom.held(pool.name, now, self._reserves, pool.running, pool.limit)
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -568,64 +390,6 @@ class Scheduler:
 
     def _check(self, ticket: Ticket) -> bool:
         """Validate a submission; True for a ticket's first."""
-        if ticket.state not in (TicketState.NEW, TicketState.RELEASED):
-            raise ValueError("only a new ticket, or one whose slot came back, can be queued")
-        if not 0 <= ticket.tier < len(self._tiers):
-            raise ValueError(f"tier {ticket.tier} out of range")
-        if not 0 <= ticket.ceiling <= ticket.tier:
-            raise ValueError("ceiling must be a tier at least as urgent as the ticket's own")
-        if not ticket.candidates:
-            raise ValueError("a ticket needs at least one candidate")
-        self._route(ticket.candidates)
-        for value in (ticket.est_service_s, ticket.size_s):
-            if value is not None and (not value >= 0 or not math.isfinite(value)):
-                raise ValueError("est_service_s and size_s must be finite and non-negative")
+        ticket.validate(len(self._tiers))
+        self._capacity.route(ticket.candidates)
         return ticket.state is TicketState.NEW
-
-    def _known_pool(self, pool: str) -> str:
-        if pool not in self._pools:
-            raise ValueError(f"unknown provider {pool!r}")
-        return pool
-
-    def _known_gate(self, deployment: str) -> str:
-        if deployment not in self._gates:
-            raise ValueError(f"unknown deployment {deployment!r}")
-        return deployment
-
-    def _add_pool(self, name: str, limit: int) -> None:
-        pool = self._pools[name] = Pool(name, limit, running=[0] * len(self._tiers))
-        gate = self._gates[name] = Gate(name, pool)
-        pool.deployments.append(gate)
-
-    def _add_gate(self, deployment: str, pool: str) -> None:
-        if deployment in self._gates:
-            if self._gates[deployment].pool.name != pool:
-                raise ValueError(f"deployment {deployment!r} belongs to another provider")
-            return
-        owner = self._pools[self._known_pool(pool)]
-        gate = self._gates[deployment] = Gate(deployment, owner)
-        owner.deployments.append(gate)
-
-    def _route(self, candidates: tuple[str, ...]) -> tuple[tuple[Gate, ...], tuple[Pool, ...]]:
-        """The gates of ``candidates`` and their distinct pools, in preference order."""
-        found = self._routes.get(candidates)
-        if found is None:
-            gates = tuple(self._gates[self._known_gate(d)] for d in candidates)
-            pools = tuple({g.pool.name: g.pool for g in gates}.values())
-            found = self._routes[candidates] = (gates, pools)
-        return found
-
-    def _gates_by_pool(self, candidates: tuple[str, ...]) -> dict[str, tuple[Gate, ...]]:
-        by_pool: dict[str, list[Gate]] = {}
-        for deployment in dict.fromkeys(candidates):
-            gate = self._gates[deployment]
-            by_pool.setdefault(gate.pool.name, []).append(gate)
-        return {pool: tuple(gates) for pool, gates in by_pool.items()}
-
-
-def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:
-    for gate in lane.gates[pool]:
-        if gate.open(now):
-            return gate
-    return None
-

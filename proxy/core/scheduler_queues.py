@@ -199,8 +199,14 @@ class TicketQueues:
             self._entries -= 1
         return math.inf
 
-    def oldest_arrival(self, tier: int) -> float:
-        return min((t.arrived for t in self._live if t.current_tier == tier), default=math.inf)
+    def snapshot(self, tier: int, now: float) -> dict[str, object]:
+        oldest = min((t.arrived for t in self._live if t.current_tier == tier), default=now)
+        return {
+            "depth": self.depth[tier],
+            "by_level": list(self.level_depth[tier]),
+            "oldest_wait_s": round(now - oldest, 3),
+            "queued_service_s": round(self.queued_s[tier], 3),
+        }
 
     def _peek(self, heap: list[Entry], promotion: bool = False) -> float:
         while heap:

@@ -147,6 +147,20 @@ class Ticket:
     charged_s: float = field(init=False, default=0.0)  # to its fair share, until released
     waited_s: float = field(init=False, default=0.0)  # queued time over every pass
 
+    def validate(self, tiers: int) -> None:
+        """Refuse a submission that makes no sense (ValueError)."""
+        if self.state not in (TicketState.NEW, TicketState.RELEASED):
+            raise ValueError("only a new ticket, or one whose slot came back, can be queued")
+        if not 0 <= self.tier < tiers:
+            raise ValueError(f"tier {self.tier} out of range")
+        if not 0 <= self.ceiling <= self.tier:
+            raise ValueError("ceiling must be a tier at least as urgent as the ticket's own")
+        if not self.candidates:
+            raise ValueError("a ticket needs at least one candidate")
+        for value in (self.est_service_s, self.size_s):
+            if value is not None and (not value >= 0 or not math.isfinite(value)):
+                raise ValueError("est_service_s and size_s must be finite and non-negative")
+
     @property
     def wait_s(self) -> float:
         """Seconds from arrival to the last dispatch (NaN until dispatched)."""
