@@ -24,6 +24,7 @@ For each free slot of a provider, among the calls that may use it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .capacity import Gate, Pool
@@ -87,8 +88,7 @@ class Policy:
 
         def used(tier: int) -> float:
             """How much of its max_wait_s the most pressed call of ``tier`` has used."""
-            left = earliest(tier)[0].deadline - now
-            return 1.0 - left / self._tiers[tier].max_wait_s
+            return self.used(tier, now)
 
         def at_risk(tier: int) -> bool:
             if not self.at_risk(tier, self._queues.earliest_deadline(tier), now):
@@ -130,6 +130,12 @@ class Policy:
             if best is not None and not earliest:
                 return best
         return best
+
+    def used(self, tier: int, now: float) -> float:
+        """How much of its ``max_wait_s`` the most pressed queued call of ``tier`` (on any
+        provider) has used."""
+        left = self._queues.earliest_deadline(tier) - now
+        return 1.0 - left / self._tiers[tier].max_wait_s
 
     def at_risk(self, tier: int, deadline: float, now: float) -> bool:
         """Less than ``rescue_fraction`` of the tier's ``max_wait_s`` is left."""
@@ -185,11 +191,10 @@ class Policy:
                                             pool.running, pool.limit)
         if soonest is not None and soonest <= now:
             soonest = None
-        pressed = self.head(pool, tier, now, earliest=True)
-        if pressed is not None:
-            patient = pressed[0].deadline - (1.0 - HOLD_PATIENCE) * self._tiers[tier].max_wait_s
-            if patient > now:
-                soonest = patient if soonest is None else min(soonest, patient)
+        spec = self._tiers[tier]
+        patient = self._queues.earliest_deadline(tier) - (1.0 - HOLD_PATIENCE) * spec.max_wait_s
+        if now < patient < math.inf:
+            soonest = patient if soonest is None else min(soonest, patient)
         return soonest
 
     def set_reserves(self, reserves: Sequence[int | None]) -> None:

@@ -150,16 +150,17 @@ class Scheduler:
         gate.inflight -= 1
         pool.running[ticket.current_tier] -= 1
         ticket.state = TicketState.RELEASED
+        delta = 0.0
         if not used:
-            self._share.charge(ticket.current_tier, -ticket.charged_s)
+            delta = -ticket.charged_s
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
             delta = service_s - ticket.charged_s
-            self._share.charge(ticket.current_tier, delta)
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
             self._policy.served(pool.name, ticket.tier, service_s)
-        # The share moved, so another provider's choice may have changed too.
+        self._share.charge(ticket.current_tier, delta)
         self._fill(pool, now)
-        self._fill_all(now)
+        if delta:  # the share moved, so another provider's choice may have changed too
+            self._fill_all(now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
