@@ -185,6 +185,8 @@ class Scheduler:
         call waiting for it, a pause or breaker that ends, a limit that grows back, or
         (while a free slot is held back from a waiting call) a hold that lapses or a tier
         promotion."""
+        if not self._queues.queued:
+            return None  # every wake-up is for a call that waits
         soonest = self._queues.next_deadline()
         for name, pool in self._pools.items():
             waiting = [t for t in range(len(self._tiers)) if self._queues.count(name, t)]
