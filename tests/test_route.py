@@ -32,7 +32,7 @@ ALL = (PREMIUM, MID, BUDGET, FREE)
 def stats(
     available: bool = True, inflight: int = 0, limit: int = 10, ttft_s: float | None = None
 ) -> DeploymentStats:
-    return DeploymentStats(available, inflight, limit, ttft_s, retry_at=0.0)
+    return DeploymentStats(available, inflight, limit, ttft_s)
 
 
 def keys(deployments: list[Deployment] | tuple[Deployment, ...]) -> list[str]:
@@ -340,7 +340,7 @@ def route_around(dead_until: float, duration: float = 120.0) -> Run:
     now = 0.0
     while now < duration:
         live = {
-            key: DeploymentStats(b.available(now), 0, 10, None, b.retry_at(now))
+            key: DeploymentStats(b.available(now), 0, 10, None)
             for key, b in breakers.items()
         }
         served = False

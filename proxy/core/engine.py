@@ -59,6 +59,8 @@ class Engine:
         self.estimate = estimate or EstimateSettings()
         self.rng = rng or random.Random()
         deployments = [d for route in models.values() for d in route.candidates]
+        self._output_caps = {name: max((d.max_output_tokens for d in route.candidates),
+                                       default=0) for name, route in models.items()}
         self.scheduler = Scheduler(
             scheduler, {name: p.max_concurrency for name, p in providers.items()},
             {d.id: d.provider for d in deployments},
@@ -86,7 +88,7 @@ class Engine:
         tier = classify(facts, principal, self.classify).tier
         output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
                   if call.chat else 0)
-        cap = max((d.max_output_tokens for d in route.candidates), default=0)
+        cap = self._output_caps[call.model]
         return Plan(
             call=call, route=route, tier=tier, tier_name=self.tier_names[tier],
             ceiling=min(max(principal.max_tier, 0), tier),
@@ -110,7 +112,6 @@ class Engine:
                 inflight=self.scheduler.inflight(deployment.provider),
                 limit=self.scheduler.capacity(deployment.provider),
                 ttft_s=self.latency.expect_ttft_s(deployment.id),
-                retry_at=breaker.retry_at(now),
             )
         return stats
 

@@ -36,11 +36,11 @@ class Deployment:
     quality: float = 0.5
     weight: float = 1.0
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    # ``provider/model``: names the deployment in metrics, breakers and headers.
+    id: str = field(init=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        """``provider/model``: names the deployment in metrics, breakers and headers."""
-        return f"{self.provider}/{self.model}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.provider}/{self.model}")
 
     def cost(self, prompt_tokens: int, output_tokens: int) -> float:
         """Dollars for a call; prices are per million tokens."""
@@ -88,11 +88,10 @@ class DeploymentStats:
     inflight: int
     limit: int
     ttft_s: float | None
-    retry_at: float
 
 
 # A deployment the lead has no stats for is treated as idle and available: unknown is not sick.
-_NO_STATS = DeploymentStats(available=True, inflight=0, limit=1, ttft_s=None, retry_at=-math.inf)
+_NO_STATS = DeploymentStats(available=True, inflight=0, limit=1, ttft_s=None)
 
 
 def rank(

@@ -29,10 +29,6 @@ class Admission:
         self._timer_at: float | None = None
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def wait(self, ticket: Ticket) -> Dispatch | Rejection:
         """Queue ``ticket`` and wait for the scheduler's decision about it: a slot
         (``Dispatch``) or a refusal (``Rejection``). Raises ShuttingDown once closed."""
