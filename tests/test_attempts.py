@@ -281,3 +281,19 @@ def test_degrade_serves_on_an_idle_backup_instead_of_shedding() -> None:
     assert isinstance(call.command, Queue)
     assert call.command.ticket.candidates[0] == "budget/small"
     assert isinstance(call.queue(0.0), Send)
+
+
+def test_throttling_spends_no_attempt() -> None:
+    """A 429 on a, which moves the call to b; a 5xx on b: with two attempts allowed the call
+    still goes back to a, because only real failures count against retry.max_attempts
+    (the deadline bounds 429s)."""
+    engine = engine_for(config_from(
+        [sim("a"), sim("b")],
+        {"m": [{"provider": "a", "model": "x"}, {"provider": "b", "model": "y"}]},
+        retry={"max_attempts": 2}))
+    call = Call(engine)
+    assert call.queue(0.0) == Send(engine.models["m"].candidates[0])
+    call.finish(0.1, Verdict.THROTTLED, status=429, retry_after_s=0.5)
+    assert call.queue(0.1) == Send(engine.models["m"].candidates[1])
+    command = call.finish(0.2, Verdict.FAILURE, status=500)
+    assert isinstance(command, Queue) and command.ticket.candidates == ("a/x",)

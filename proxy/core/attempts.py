@@ -189,6 +189,7 @@ class Attempts:
             self._settle_key(usage.total if succeeded else self.plan.tokens, now)
             return Done()
         if verdict is Verdict.THROTTLED:
+            self.attempts -= 1  # throttling spends no attempt: the deadline bounds it
             return Queue(ticket)  # its deployment is paused; it goes again when that ends
         self.last = result
         if verdict is Verdict.AUTH:
