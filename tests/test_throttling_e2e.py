@@ -167,3 +167,18 @@ async def test_the_sdk_sees_a_throttled_call_succeed_and_a_hopeless_one_time_out
     assert info.value.response.json()["error"]["code"] == "queue_timeout"
     assert int(info.value.response.headers["retry-after"]) >= 1
     await sdk.close()
+
+
+async def test_a_429_is_never_what_the_client_gets_even_when_the_call_gives_up(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    """A 500, a re-try that draws a 429, then the retry budget is spent: the client gets
+    the upstream's 500, never its 429."""
+    fake = FakeUpstream(retry_after_ms="10")
+    fake.script.extend(["500", "429"])
+    client = await proxy_for(aiohttp_server, aiohttp_client, counter, {"p": fake},
+                             retry={"backoff_base_s": 0.01})
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 500
+    assert (await resp.json())["error"]["code"] == "fake_500"
+    assert len(fake.seen) == 2

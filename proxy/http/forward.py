@@ -198,19 +198,21 @@ async def _send(service: Service, exchange: Exchange, path: str,
 
 async def _failed(service: Service, exchange: Exchange, response: UpstreamResponse,
                   deployment: Deployment) -> Result:
-    """A 429, 5xx, 401 or 403: kept (except an auth failure, whose body may quote the
-    provider's key) so it can be passed through if every attempt fails."""
+    """A 429, 5xx, 401 or 403. A 5xx is kept, to be passed through if every attempt fails;
+    a 429 never reaches the client (the call waits for the pause instead) and an auth
+    failure's body may quote the provider's key."""
     body = await response.read()
     status = response.status
     retry_after = parse_retry_after(response.headers, service.clock.wall())
     if status in (401, 403):
         return Result(Verdict.AUTH, status=status)
+    if status == 429:
+        return Result(Verdict.THROTTLED, status=status, retry_after_s=retry_after)
     headers = passthrough_headers(response.headers)
     headers["x-proxy-upstream"] = deployment.id
     headers["x-proxy-tier"] = exchange.plan.tier_name
     exchange.failure = web.Response(body=body, status=status, headers=headers)
-    verdict = Verdict.THROTTLED if status == 429 else Verdict.FAILURE
-    return Result(verdict, status=status, retry_after_s=retry_after)
+    return Result(Verdict.FAILURE, status=status, retry_after_s=retry_after)
 
 
 def _usage(data: bytes) -> dict[str, object]:
