@@ -3,7 +3,7 @@
 Replays a window of the Azure LLM conversation trace, sped up, open loop, against one
 simulated upstream with C slots (429 past C), through (a) a bare FCFS pass-through with one
 semaphore of C and (b) the proxy with tiers tagged, in the same run, and prints per-tier
-queue waits and the ratios issue 3 asks for. Every time printed is in trace seconds (wall
+queue waits and the targets issue 7 sets. Every time printed is in trace seconds (wall
 seconds x speed-up), so figures read as if the trace ran in real time.
 
 The upstream and the FCFS gate are this same script started in another role
