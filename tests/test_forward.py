@@ -220,6 +220,8 @@ async def test_client_disconnect_cancels_upstream_and_frees_the_slot(
             task.cancel()
         await until(lambda: fake.cancelled == 1, timeout=1.0)
     await until(lambda: inflight(client) == 0, timeout=1.0)
+    metrics = client.app[SERVICE].metrics.render().decode()
+    assert 'proxy_upstream_attempts_total{outcome="abandon",provider="p0"} 1.0' in metrics
 
 
 async def test_a_client_that_stops_reading_is_cut_off_by_the_write_timeout(

@@ -146,3 +146,13 @@ async def test_the_most_urgent_tier_forwards_priority(
                              headers={"Authorization": "Bearer ops-key"})
     assert resp.status == 200 and resp.headers["x-proxy-tier"] == "critical"
     assert fake.seen[-1].body["service_tier"] == "priority"
+
+
+async def test_the_model_list_needs_a_key_when_keys_are_configured(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    client = await keyed_proxy(aiohttp_server, aiohttp_client, counter, FakeUpstream(),
+                               {"name": "app", "key": "app-key"})
+    assert (await client.get("/v1/models")).status == 401
+    resp = await client.get("/v1/models", headers={"Authorization": "Bearer app-key"})
+    assert resp.status == 200 and [m["id"] for m in (await resp.json())["data"]] == ["m"]

@@ -91,6 +91,7 @@ def _json(data: object, status: int = 200) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    service.auth.authenticate(request.headers)
     return _json({
         "object": "list",
         "data": [

@@ -87,6 +87,9 @@ async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamR
     try:
         return await _drive(service, exchange, path)
     finally:
+        in_flight = exchange.attempts.deployment
+        if in_flight is not None:  # the client left (or an error escaped) mid-attempt
+            service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
         service.admission.settle()
 
