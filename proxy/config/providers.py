@@ -56,6 +56,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
                 tokens_per_s=sim_node.number("tokens_per_s", 50.0, positive=True),
                 prefill_tokens_per_s=sim_node.number("prefill_tokens_per_s", 0.0),
                 default_output_tokens=sim_node.integer("default_output_tokens", 64, minimum=1),
+                max_output_tokens=sim_node.integer("max_output_tokens", 4096, minimum=1),
                 error_rate=sim_node.number("error_rate", 0.0, maximum=1.0),
                 capacity=sim_node.optional_integer("capacity", minimum=1),
                 seed=sim_node.optional_integer("seed"),

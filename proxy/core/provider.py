@@ -22,6 +22,7 @@ class SimSettings:
     tokens_per_s: float = 50.0
     prefill_tokens_per_s: float = 0.0  # 0 = prompt length does not matter
     default_output_tokens: int = 64
+    max_output_tokens: int = 4096  # like a real model's limit, whatever max_tokens asks
     error_rate: float = 0.0  # fraction of calls answered 500
     capacity: int | None = None  # concurrent calls before answering 429
     seed: int | None = None

@@ -3,7 +3,8 @@ for tests and for benchmarks.
 
 Service time: ``ttft_s`` (+ prompt tokens / ``prefill_tokens_per_s``) to the first token,
 then one token every ``1 / tokens_per_s``. Output length is ``max_tokens`` (or
-``max_completion_tokens``), else ``default_output_tokens``. With ``capacity`` set it answers
+``max_completion_tokens``), else ``default_output_tokens``, at most ``max_output_tokens``;
+a stream is generated as it goes, so memory stays bounded. With ``capacity`` set it answers
 429 past that many concurrent calls, like a real provider's concurrency limit.
 """
 
@@ -49,6 +50,7 @@ class SimulatedUpstream:
             return _embedding_response(request.model, body.get("input"))
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         n_out = limit if isinstance(limit, int) and limit > 0 else s.default_output_tokens
+        n_out = min(n_out, s.max_output_tokens)
         include_usage = isinstance(body.get("stream_options"), dict) and bool(
             body["stream_options"].get("include_usage")
         )
@@ -125,8 +127,8 @@ class SimulatedResponse:
             if self._owner is not None:
                 self._owner.active -= 1
 
-    def _text(self) -> list[str]:
-        return [_WORDS[i % len(_WORDS)] + " " for i in range(self._n_out)]
+    def _words(self, start: int, stop: int) -> list[str]:
+        return [_WORDS[i % len(_WORDS)] + " " for i in range(start, min(stop, self._n_out))]
 
     def _usage(self) -> dict[str, int]:
         return {
@@ -147,7 +149,8 @@ class SimulatedResponse:
                 "model": self._model,
                 "choices": [{
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(self._text())},
+                    "message": {"role": "assistant",
+                                "content": "".join(self._words(0, self._n_out))},
                     "logprobs": None,
                     "finish_reason": "length",
                 }],
@@ -165,9 +168,8 @@ class SimulatedResponse:
             yield self._event({"role": "assistant", "content": ""}, None)
             per_token = 1.0 / self._owner.settings.tokens_per_s
             batch = max(1, int(_CHUNK_BATCH_S / per_token))
-            words = self._text()
-            for start in range(0, len(words), batch):
-                part = words[start:start + batch]
+            for start in range(0, self._n_out, batch):
+                part = self._words(start, start + batch)
                 if start:
                     await asyncio.sleep(per_token * len(part))
                 yield b"".join(self._event({"content": w}, None) for w in part)
