@@ -33,7 +33,7 @@ async def test_a_stream_is_generated_as_it_goes() -> None:
     response = await sim.send(request(2**62, True), Timeouts())
     tracemalloc.start()
     chunks = 0
-    async for chunk in response.chunks():
+    async for _ in response.chunks():
         chunks += 1
         _, peak = tracemalloc.get_traced_memory()
         assert peak < 4 * 1024 * 1024
