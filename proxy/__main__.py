@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from . import __version__
 from .config import Config, ConfigError, load_config
 
 
@@ -31,6 +32,7 @@ def _summary(config: Config) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="triage-proxy", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"triage-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
 import dataclasses
-import datetime
 import math
 import random
 import signal
@@ -35,9 +33,11 @@ import orjson
 from aiohttp import web
 
 from proxy.config import Config, load_config
+from proxy.config.trace import SHIPPED_TRACE, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_conv_2023.csv"
+FULL_TRACE = REPO.parent / "shared/traces/azure_llm_conv_2023.csv"
+TRACE = FULL_TRACE if FULL_TRACE.exists() else SHIPPED_TRACE
 # The tier rules below are written for the shipped routing.yaml's tiers, most urgent first;
 # their weights, max_wait_s and the scheduler's settings are read from it.
 TIERS = ("critical", "high", "normal", "low")
@@ -91,19 +91,6 @@ class Run:
 
 def service_s(ctx: int, gen: int) -> float:
     return TTFT_S + ctx / PREFILL_TPS + gen / DECODE_TPS
-
-
-def load_trace(path: Path, start_s: float, length_s: float) -> list[tuple[float, int, int]]:
-    rows: list[tuple[float, int, int]] = []
-    first: datetime.datetime | None = None
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            stamp = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
-            first = first or stamp
-            t = (stamp - first).total_seconds() - start_s
-            if 0 <= t < length_s:
-                rows.append((t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
-    return rows
 
 
 def assign_tiers(rows: Sequence[tuple[float, int, int]], rule: str, seed: int) -> list[int]:
@@ -613,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     shipped = load_config(args.config)
     if tuple(t.name for t in shipped.tiers) != TIERS:
         parser.error(f"{args.config}: the tier rules need the tiers {', '.join(TIERS)}")
-    rows = load_trace(args.trace, *args.window)
+    rows = read_trace(args.trace, *args.window)
     calls_by_rule = {
         rule: build_calls(rows, assign_tiers(rows, rule, args.seed))
         for rule in args.rules.split(",")

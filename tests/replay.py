@@ -6,18 +6,14 @@ sees only its estimate), and its wait is recorded, or the code it was refused wi
 
 from __future__ import annotations
 
-import csv
-import datetime
 import heapq
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 
-TRACE = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_conv_2023.csv"
 SHIPPED_TIERS = (
     TierSpec("critical", 8, 10), TierSpec("high", 4, 30),
     TierSpec("normal", 2, 120), TierSpec("low", 1, 900),
@@ -130,22 +126,7 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-# --- the shared trace ----------------------------------------------------------------
-
-
-def trace_rows(start_s: float = 60.0, length_s: float = 600.0,
-               path: Path = TRACE) -> list[tuple[float, int, int]]:
-    """(seconds after ``start_s``, prompt tokens, output tokens) of one window."""
-    rows: list[tuple[float, int, int]] = []
-    first: datetime.datetime | None = None
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            stamp = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
-            first = first or stamp
-            t = (stamp - first).total_seconds() - start_s
-            if 0 <= t < length_s:
-                rows.append((t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
-    return rows
+# --- the shipped trace ----------------------------------------------------------------
 
 
 def service_s(prompt: int, output: int) -> float:

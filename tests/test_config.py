@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import proxy
 from proxy.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +104,17 @@ def test_keys_are_stored_as_digests() -> None:
     assert config.keys[1].principal.max_tier == 2 and config.keys[1].principal.tier == 3
 
 
+def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> None:
+    readme = (ROOT / "README.md").read_text()
+    recipe = next(line.split("#")[0] for line in readme.splitlines()
+                  if line.startswith('printf %s "$KEY"'))
+    key = "tp-a key with spaces"
+    digest = subprocess.run(["bash", "-c", recipe], env={"KEY": key, "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, check=True).stdout.strip()
+    config = parse_config(with_(classify={"keys": [{"name": "k", "key_sha256": digest}]}), {})
+    assert config.keys[0].sha256 == hashlib.sha256(key.encode()).hexdigest()
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -179,7 +191,41 @@ def test_cli_exits_2_on_a_bad_config(tmp_path: Path, command: str) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 2
-    assert "providers[0].max_concurrency: must be a positive integer" in result.stderr
+    assert f"{bad}: providers[0].max_concurrency: must be a positive integer" in result.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "cannot read"),
+    ("models: [unclosed\n", "not valid YAML"),
+    ("tiers: []\n", "tiers: must list at least one tier"),
+])
+def test_every_config_error_names_the_file(tmp_path: Path, text: str | None, message: str) -> None:
+    path = tmp_path / "routing.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value).startswith(f"{path}: "), str(info.value)
+    assert message in str(info.value)
+
+
+def test_the_version_is_a_digest_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "routing.yaml"
+    text = (ROOT / "routing.yaml").read_text()
+    path.write_text(text)
+    first = load_config(path, env={}).version
+    assert first == hashlib.sha256(text.encode()).hexdigest()[:12]
+    path.write_text(text + "\n# a comment\n")
+    assert load_config(path, env={}).version != first
+
+
+def test_cli_prints_its_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "--version"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"triage-proxy {proxy.__version__}"
 
 
 def test_the_readme_examples_are_valid_config() -> None:

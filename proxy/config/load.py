@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -62,6 +64,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     estimate: EstimateSettings = field(default_factory=EstimateSettings)
     warnings: tuple[str, ...] = ()
+    version: str = ""  # sha256 prefix of the file it came from
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -79,7 +82,12 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(data, os.environ if env is None else env)
+    try:
+        config = parse_config(data, os.environ if env is None else env)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    version = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return dataclasses.replace(config, version=version)
 
 
 def parse_config(data: object, env: Mapping[str, str]) -> Config:
