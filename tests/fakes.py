@@ -66,6 +66,7 @@ class FakeUpstream:
     retry_after_ms: str = "50"
     usage: dict[str, Any] | None = None  # reported instead of the default usage
     reply_headers: dict[str, str] = field(default_factory=dict)
+    raw_stream: list[bytes] | None = None  # streamed exactly, chunk by chunk, instead
     seen: list[Seen] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -74,7 +75,7 @@ class FakeUpstream:
     throttled: int = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_post("/v1/embeddings", self.embeddings)
         return app
@@ -137,8 +138,20 @@ class FakeUpstream:
                 "set-cookie": "a=b", "x-upstream-extra": "1", "connection": "keep-alive, x-hop",
                 "x-hop": "private", **self.reply_headers})
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        response = web.StreamResponse(
+            headers={"content-type": "text/event-stream", **self.reply_headers})
         await response.prepare(request)
+        if self.raw_stream is not None:
+            for chunk in self.raw_stream:
+                await response.write(chunk)
+                await asyncio.sleep(0.005)  # one read per chunk on the proxy's side
+            if mode == "cut":
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            await response.write_eof()
+            self.completed += 1
+            return response
         if mode == "flood":  # far more than socket buffers hold, as fast as it can
             padding = "x" * 100_000
             for _ in range(500):

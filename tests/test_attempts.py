@@ -28,8 +28,9 @@ from proxy.core.errors import (
     UpstreamUnavailable,
 )
 from proxy.core.fleet import Verdict
-from proxy.core.request import parse_call
+from proxy.core.request import BodyLimits, parse_call
 from proxy.core.scheduler import Dispatch, TicketState
+from proxy.core.tokens import TokenCounter
 
 from .conftest import config_from
 
@@ -53,7 +54,7 @@ class Call:
     def __init__(self, engine: Engine, body: bytes = CHAT,
                  principal: Principal | None = None, now: float = 0.0) -> None:
         self.engine = engine
-        call = parse_call(body, chat=True)
+        call = parse_call(body, "chat", BodyLimits(), TokenCounter(None))
         facts = RequestFacts({}, call.model, 10, "hi", call.stream, call.service_tier)
         self.plan = engine.plan(call, facts, principal or Principal("anonymous"), now)
         self.attempts = Attempts(engine, self.plan)
@@ -252,6 +253,27 @@ def test_a_lying_max_tokens_is_capped_in_every_estimate(max_tokens: int) -> None
     assert engine.fleet.limits["a"].tokens is not None
     assert engine.fleet.limits["a"].tokens.level(1.0) >= -100_000
     assert isinstance(Call(engine, now=2.0).queue(2.0), Send)  # nobody else is stuck
+
+
+def test_n_choices_are_charged_n_times_and_learned_once() -> None:
+    engine = engine_for(config_from([sim("a", tpm=100_000)],
+                                    {"m": [{"provider": "a", "model": "x"}]},
+                                    estimate={"output_tokens": 50}))
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100'
+    one, three = Call(engine, body + b"}"), Call(engine, body + b', "n": 3}')
+    assert one.plan.output_tokens == three.plan.output_tokens == 100
+    assert three.plan.tokens - three.plan.prompt_tokens == 300
+    assert isinstance(three.command, Queue)
+    assert three.command.ticket.est_service_s == pytest.approx(
+        one.attempts.start(0.0).ticket.est_service_s)  # type: ignore[union-attr]
+    three.queue(0.0)
+    three.finish(1.0, Verdict.SUCCESS, status=200, completion_tokens=None)
+    assert three.attempts.usage is not None and three.attempts.usage.completion_tokens == 300
+    reported = Call(engine, body + b', "n": 3}', now=2.0)
+    reported.queue(2.0)
+    reported.finish(3.0, Verdict.SUCCESS, status=200, completion_tokens=240)
+    assert reported.attempts.usage is not None and reported.attempts.usage.reported
+    assert 50 < engine.outputs.expect("anonymous", "m", None) <= 80  # 80 per choice
 
 
 def test_dispatch_names_the_deployment_the_policy_sends_to() -> None:

@@ -22,6 +22,7 @@ from ..core.estimate import (
     EstimateSettings,
 )
 from ..core.provider import Provider
+from ..core.request import BodyLimits
 from ..core.retry import RetrySettings
 from ..core.route import ModelRoute
 from ..core.scheduler import SchedulerSettings, TierSpec
@@ -45,7 +46,13 @@ class Listen:
 class Limits:
     max_body_bytes: int = 4 * 1024 * 1024
     write_timeout_s: float = 30.0  # a client that stops reading frees its slot after this
-    exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized, on the loop
+    exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized
+    max_json_depth: int = 64
+    max_json_containers: int = 100_000
+
+    @property
+    def body(self) -> BodyLimits:
+        return BodyLimits(self.max_json_depth, self.max_json_containers, self.exact_token_chars)
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,9 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         max_body_bytes=limits_node.integer("max_body_bytes", 4 * 1024 * 1024, minimum=1),
         write_timeout_s=limits_node.number("write_timeout_s", 30.0, positive=True),
         exact_token_chars=limits_node.integer("exact_token_chars", 16_000),
+        # orjson writes at most 254 levels: a deeper body could be read but not forwarded.
+        max_json_depth=limits_node.integer("max_json_depth", 64, minimum=1, maximum=200),
+        max_json_containers=limits_node.integer("max_json_containers", 100_000, minimum=1),
     )
     limits_node.check_unknown()
     estimate_node = root.node("estimate")

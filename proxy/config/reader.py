@@ -115,11 +115,14 @@ class Node:
     def optional_string(self, key: str) -> str | None:
         return self.string(key) if self.raw(key) is not None else None
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 0,
+                maximum: int | None = None) -> int:
         value = self._scalar(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             fail(self.sub(key), f"must be {rule}")
+        if maximum is not None and value > maximum:
+            fail(self.sub(key), f"must be at most {maximum}")
         return value
 
     def optional_integer(self, key: str, *, minimum: int = 0) -> int | None:

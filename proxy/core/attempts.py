@@ -223,7 +223,8 @@ class Attempts:
 
     def _route(self, now: float) -> Command:
         plan, engine = self.plan, self.engine
-        ranked = rank(plan.route, plan.tier_name, plan.prompt_tokens, plan.output_tokens,
+        ranked = rank(plan.route, plan.tier_name, plan.prompt_tokens,
+                      plan.output_tokens * plan.call.choices,
                       engine.stats(plan.route.candidates, now), engine.rng)
         usable = [d for d in ranked if d.id not in self._excluded]
         if not usable:
@@ -296,8 +297,8 @@ class Attempts:
             self.engine.fleet.settle_key(self.plan.caller, self.plan.tokens, actual, now)
 
     def _tokens(self, deployment: Deployment) -> int:
-        return self.plan.prompt_tokens + min(self.plan.output_tokens,
-                                             deployment.max_output_tokens)
+        output = min(self.plan.output_tokens, deployment.max_output_tokens)
+        return self.plan.prompt_tokens + output * self.plan.call.choices
 
     def _ticket(self) -> Ticket:
         if self.ticket is None:

@@ -87,7 +87,7 @@ class Engine:
                 f"The model '{call.model}' does not exist on this proxy.", param="model")
         tier = classify(facts, principal, self.classify).tier
         output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
-                  if call.chat else 0)
+                  if call.generates else 0)
         cap = self._output_caps[call.model]
         return Plan(
             call=call, route=route, tier=tier, tier_name=self.tier_names[tier],
@@ -122,14 +122,15 @@ class Engine:
                      and 0 <= prompt <= plan.prompt_tokens * PROMPT_PLAUSIBLE_FACTOR
                      + PROMPT_PLAUSIBLE_MARGIN)
         asked = plan.call.max_tokens
-        limit = COMPLETION_PLAUSIBLE_MAX if asked is None else min(asked * _choices(plan.call),
+        choices = plan.call.choices
+        limit = COMPLETION_PLAUSIBLE_MAX if asked is None else min(asked * choices,
                                                                    COMPLETION_PLAUSIBLE_MAX)
         completion_ok = (isinstance(completion, int) and not isinstance(completion, bool)
                          and 0 <= completion <= limit)
         output = min(plan.output_tokens, deployment.max_output_tokens)
         return Usage(
             prompt if prompt_ok else plan.prompt_tokens,  # type: ignore[arg-type]
-            completion if completion_ok else output,  # type: ignore[arg-type]
+            completion if completion_ok else output * choices,  # type: ignore[arg-type]
             completion_ok,
         )
 
@@ -138,11 +139,7 @@ class Engine:
         """A call completed: the estimators learn from it (only from reported usage)."""
         if not usage.reported:
             return
-        self.outputs.observe(plan.caller, plan.call.model, usage.completion_tokens)
-        self.latency.observe(deployment.id, ttft_s, usage.completion_tokens, total_s,
-                             usage.prompt_tokens)
-
-
-def _choices(call: Call) -> int:
-    n = call.body.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 128 else 1
+        # ``n`` completions are generated side by side: one of them is what a call takes.
+        per_choice = usage.completion_tokens // plan.call.choices
+        self.outputs.observe(plan.caller, plan.call.model, per_choice)
+        self.latency.observe(deployment.id, ttft_s, per_choice, total_s, usage.prompt_tokens)

@@ -16,7 +16,7 @@ class Plan:
     tier_name: str
     ceiling: int  # the most urgent tier the caller may reach, aging included
     prompt_tokens: int
-    output_tokens: int  # expected, never above what any candidate's max_output_tokens allows
+    output_tokens: int  # expected per choice, never above any candidate's max_output_tokens
     caller: str  # the principal's name
     arrived: float
     deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
@@ -24,4 +24,4 @@ class Plan:
     @property
     def tokens(self) -> int:
         """What rate limits are charged for the call before its usage is known."""
-        return self.prompt_tokens + self.output_tokens
+        return self.prompt_tokens + self.output_tokens * self.call.choices

@@ -1,72 +1,148 @@
-"""Parsing and validating a client's JSON body (pure). Unknown fields are kept untouched."""
+"""The edge for request bodies (pure): every check a client's JSON passes before the proxy
+acts on it, each bounded in the work it costs, each failing as a 400, never a 500.
+
+Unknown fields are kept untouched. The order matters for the cost: the byte-level scan
+refuses a body with too many arrays and objects before it is parsed (a 4 MiB body of a
+million empty objects costs milliseconds, not seconds), parsing is then bounded by the
+size and that count, and depth is checked on the brackets alone.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from .errors import InvalidRequest
+from .tokens import TokenCounter
+
+Kind = Literal["chat", "embeddings"]
+MAX_MODEL_NAME = 256
+MAX_CHOICES = 128  # OpenAI's own limit on ``n``
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_depth: int = 64  # nesting of arrays and objects (orjson itself writes at most 254)
+    max_containers: int = 100_000  # arrays and objects in one body
+    exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized
 
 
 @dataclass
 class Call:
     body: dict[str, Any]
-    chat: bool  # a chat completion (else embeddings)
+    kind: Kind
     model: str
     stream: bool
     max_tokens: int | None
     service_tier: str | None
     wants_usage: bool  # the client asked for stream_options.include_usage itself
+    choices: int = 1  # ``n``: completions generated, each up to max_tokens
+    prompt_tokens: int = 0
+    last_user_message: str = ""
+
+    @property
+    def generates(self) -> bool:
+        """The call produces output tokens (else it only reads its input)."""
+        return self.kind == "chat"
 
 
-def parse_call(raw: bytes, *, chat: bool) -> Call:
+def parse_call(raw: bytes, kind: Kind, limits: BodyLimits, counter: TokenCounter) -> Call:
+    """The checked call, its prompt counted; raises InvalidRequest. Costs time in
+    proportion to the body's size and its count of arrays and objects, both bounded."""
+    body = _parse_object(raw, limits)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model")
+    if len(model) > MAX_MODEL_NAME:
+        raise InvalidRequest(f"'model' is longer than {MAX_MODEL_NAME} characters.",
+                             param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+    service_tier = body.get("service_tier")
+    if service_tier is not None and not isinstance(service_tier, str):
+        raise InvalidRequest("'service_tier' must be a string.", param="service_tier")
+    exact = limits.exact_token_chars
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequest(
+                "'messages' is required and must be a non-empty array.", param="messages")
+        if not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequest("Each message must be an object.", param="messages")
+        max_tokens = _positive_int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _positive_int(body, "max_tokens")
+        choices = _positive_int(body, "n", MAX_CHOICES) or 1
+        prompt = counter.count_messages(messages, exact)
+        last_user = counter.last_user_message(messages)
+    else:
+        if stream:
+            raise InvalidRequest("Embeddings cannot be streamed; leave 'stream' out.",
+                                 param="stream")
+        value = body.get("input")
+        if not isinstance(value, str | list) or not value:
+            raise InvalidRequest(
+                "'input' is required and must be a non-empty string or array.", param="input")
+        max_tokens, choices = None, 1
+        prompt, last_user = counter.count_input(value, exact), ""
+    return Call(body, kind, model, stream, max_tokens, service_tier,
+                bool(options and options.get("include_usage")), choices, prompt, last_user)
+
+
+def _parse_object(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
     if not raw:
         raise InvalidRequest("The request body is empty; expected a JSON object.")
+    _check_shape(raw, limits)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a string.", param="model")
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest(
-                "'messages' is required and must be a non-empty array.", param="messages"
-            )
-        if not all(isinstance(m, dict) for m in messages):
-            raise InvalidRequest("Each message must be an object.", param="messages")
-    elif not isinstance(body.get("input"), str | list) or not body["input"]:
+    return body
+
+
+def _check_shape(raw: bytes, limits: BodyLimits) -> None:
+    """Refuse too many or too deeply nested arrays and objects, looking only at the
+    brackets outside strings, at C speed. A malformed text is left to the parser."""
+    if raw.count(b"[") + raw.count(b"{") <= min(limits.max_depth, limits.max_containers):
+        return
+    # Escapes first (``\\`` before ``\"``, as a parser reads them), then every other piece
+    # between quotes is outside a string. UTF-8 never hides a quote or backslash byte.
+    plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = b"".join(plain.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    containers = brackets.count(b"[") + brackets.count(b"{")
+    if containers > limits.max_containers:
         raise InvalidRequest(
-            "'input' is required and must be a non-empty string or array.", param="input"
-        )
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean.", param="stream")
-    max_tokens = _positive_int(body, "max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = _positive_int(body, "max_tokens")
-    service_tier = body.get("service_tier")
-    if service_tier is not None and not isinstance(service_tier, str):
-        raise InvalidRequest("'service_tier' must be a string.", param="service_tier")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
-    wants_usage = bool(options and options.get("include_usage"))
-    return Call(body, chat, model, stream, max_tokens, service_tier, wants_usage)
+            f"The request body has {containers} JSON arrays and objects; "
+            f"this proxy accepts at most {limits.max_containers}.")
+    # Each pass removes the innermost pairs, and only those: what nests within the limit
+    # is gone after it; a pair still left is nested deeper.
+    for _ in range(limits.max_depth):
+        if not brackets:
+            return
+        brackets = (brackets.replace(b"[]", b"\0").replace(b"{}", b"\0")
+                    .replace(b"\0", b""))
+    if b"[]" in brackets or b"{}" in brackets:
+        raise InvalidRequest(
+            f"The request body nests arrays and objects deeper than {limits.max_depth} levels.")
 
 
-def _positive_int(body: dict[str, Any], name: str) -> int | None:
+def _positive_int(body: dict[str, Any], name: str, maximum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(f"'{name}' must be at most {maximum}.", param=name)
     return value

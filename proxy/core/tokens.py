@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Iterator
 
 import tiktoken
@@ -57,8 +58,10 @@ class TokenCounter:
 
     def __init__(self, encoding: tiktoken.Encoding | None) -> None:
         self._encoding = encoding
-        # System prompts and few-shot examples repeat call after call.
+        # System prompts and few-shot examples repeat call after call. Large bodies are
+        # counted in a worker thread, so the cache is shared under a lock.
         self._cache: LRUCache[str, int] = LRUCache(maxsize=CACHE_ENTRIES)
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, name: str = OFFLINE_ENCODING) -> TokenCounter:
@@ -82,11 +85,13 @@ class TokenCounter:
         """Exact tokens (estimated without an encoding); special-token text is plain text."""
         if self._encoding is None:
             return count_estimate(text)
-        found = self._cache.get(text)
+        with self._lock:
+            found = self._cache.get(text)
         if found is None:
             found = len(self._encoding.encode_ordinary(text))
             if len(text) <= CACHE_MAX_CHARS:
-                self._cache[text] = found
+                with self._lock:
+                    self._cache[text] = found
         return found
 
     def estimate(self, text: str) -> int:
@@ -123,13 +128,14 @@ class TokenCounter:
         pieces = [value] if isinstance(value, str) else value
         if not isinstance(pieces, list):
             return 0
-        texts = [piece for piece in pieces if isinstance(piece, str)]
+        texts = [piece for piece in pieces if type(piece) is str]
         total = self._count_texts(texts, max_exact_chars)
+        # Token ids count one each; whatever else a list holds, the provider refuses.
         for piece in pieces:
-            if isinstance(piece, int) and not isinstance(piece, bool):
+            if type(piece) is int:
                 total += 1
-            elif isinstance(piece, list):
-                total += sum(1 for token in piece if isinstance(token, int))
+            elif type(piece) is list:
+                total += len(piece)
         return total
 
     def _count_texts(self, texts: list[str], max_exact_chars: int | None) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 from ..config import ApiKey
 from ..core.classify import Principal
 from ..core.errors import InvalidApiKey
+from .edge import secret_digest
 
 ANONYMOUS = Principal(name="anonymous")
 
@@ -27,7 +27,7 @@ class Authenticator:
             raise InvalidApiKey(
                 "Missing proxy key: send it as 'Authorization: Bearer <key>'."
             )
-        principal = self._by_digest.get(hashlib.sha256(token.encode()).hexdigest())
+        principal = self._by_digest.get(secret_digest(token))
         if principal is None:
             raise InvalidApiKey("Incorrect proxy key provided.")
         return principal

@@ -29,18 +29,19 @@ from ..core.classify import RequestFacts, upstream_service_tier
 from ..core.errors import Overloaded, UpstreamError
 from ..core.fleet import Verdict
 from ..core.plan import Plan
-from ..core.request import parse_call
+from ..core.request import Kind
 from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from .accounting import record_usage
 from .admission import ShuttingDown
-from .relay import answer_headers, passthrough_headers, relay
+from .edge import read_call, upstream_headers
+from .relay import answer_headers, relay
 from .service import Service
-from .state import SERVICE, TIER
+from .state import REQUEST_ID, SERVICE, TIER
 from .upstream import UpstreamRequest, UpstreamResponse
 
-FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent", "x-request-id")
+FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
 
 
 @dataclass
@@ -55,29 +56,23 @@ class Exchange:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/chat/completions", chat=True)
+    return await forward(request, "/chat/completions", "chat")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/embeddings", chat=False)
+    return await forward(request, "/embeddings", "embeddings")
 
 
-async def forward(request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResponse:
     service = request.app[SERVICE]
     arrived = service.clock.now()
     principal = service.auth.authenticate(request.headers)
-    call = parse_call(await request.read(), chat=chat)
-    messages = call.body.get("messages")
-    exact_chars = service.config.limits.exact_token_chars
-    prompt_tokens = (
-        service.counter.count_messages(messages, exact_chars) if chat
-        else service.counter.count_input(call.body.get("input"), exact_chars)
-    )
+    call = await read_call(request, kind, service.config.limits.body, service.counter)
     facts = RequestFacts(
         headers=request.headers,
         model=call.model,
-        prompt_tokens=prompt_tokens,
-        last_user_message=service.counter.last_user_message(messages) if chat else "",
+        prompt_tokens=call.prompt_tokens,
+        last_user_message=call.last_user_message,
         stream=call.stream,
         service_tier=call.service_tier,
     )
@@ -153,8 +148,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
                                   "include_usage": True}
     upstream_request = UpstreamRequest(
         path=path, body=orjson.dumps(body), model=deployment.model, stream=call.stream,
-        headers={h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS
-                 if h in request.headers},
+        headers={**{h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS
+                    if h in request.headers}, "x-request-id": request[REQUEST_ID]},
     )
     started = service.clock.now()
     try:
@@ -211,7 +206,7 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
         return Result(Verdict.AUTH, status=status)
     if status == 429:
         return Result(Verdict.THROTTLED, status=status, retry_after_s=retry_after)
-    headers = passthrough_headers(response.headers)
+    headers = upstream_headers(response.headers, error=True)
     headers["x-proxy-upstream"] = deployment.id
     headers["x-proxy-tier"] = exchange.plan.tier_name
     exchange.failure = web.Response(body=body, status=status, headers=headers)

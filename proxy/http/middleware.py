@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import secrets
 
 import orjson
@@ -13,10 +12,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from ..core.errors import InvalidRequest, ProxyError, RequestTooLarge
+from .edge import client_request_id
 from .state import COMMITTED, REQUEST_ID, SERVICE, TIER
 
 log = logging.getLogger("proxy.access")
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _PROXIED = ("/v1/chat/completions", "/v1/embeddings")
 
 
@@ -36,10 +35,7 @@ REQUEST_IDS = web.AppKey("request_ids", RequestIds)
 
 
 def _request_id(request: web.Request) -> str:
-    given = request.headers.get("x-request-id")
-    if given is not None and _REQUEST_ID.fullmatch(given):
-        return given
-    return request.app[REQUEST_IDS].next()
+    return client_request_id(request.headers) or request.app[REQUEST_IDS].next()
 
 
 def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.Response:

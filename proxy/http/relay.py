@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,25 +15,24 @@ from aiohttp import web
 from ..core.errors import UpstreamBadResponse, UpstreamError
 from ..core.fleet import Verdict
 from ..core.route import Deployment
+from .edge import upstream_headers
 from .service import Service
 from .state import COMMITTED, REQUEST_ID
 from .upstream import UpstreamResponse
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding",
-    "set-cookie", "date", "server", "x-request-id",
-})
-_BOUNDARY = re.compile(rb"\r?\n\r?\n")
-_MAX_PENDING = 1 << 16  # an event larger than this is passed on as it is
+# An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
+# for the next byte: it may be half of a CRLF).
+_BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?=[^\n]))(?:\r\n|\n|\r(?=[^\n]))")
+MAX_EVENT_BYTES = 8 << 20  # one SSE event held back whole; a larger one breaks the stream
 
 
 class StreamTally:
-    """Counts content events and picks up ``usage`` from SSE bytes as they pass.
+    """Relays whole SSE events only, counting content events and picking up ``usage`` as
+    they pass, so a stream that breaks never leaves the client half an event.
 
     With ``strip_usage`` (the proxy added ``stream_options.include_usage`` the client did
     not ask for) the usage-only chunk is removed, so the client sees exactly what it asked
-    for; only then are bytes held back, and never more than one partial event.
+    for. Otherwise the bytes are the upstream's own, cut only at event boundaries.
     """
 
     def __init__(self, strip_usage: bool) -> None:
@@ -44,53 +43,72 @@ class StreamTally:
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
+        """The whole events ``data`` completes; raises UpstreamBadResponse on an event
+        past MAX_EVENT_BYTES."""
         buffer = self._pending + data if self._pending else data
-        parts = _BOUNDARY.split(buffer)
-        self._pending = parts.pop()
-        if not self.strip_usage:
-            for event in parts:
-                self._inspect(event)
-            if len(self._pending) > _MAX_PENDING:
-                self._pending = b""
-            return data
-        out = b"".join(event + b"\n\n" for event in parts if self._inspect(event))
-        if len(self._pending) > _MAX_PENDING:
-            out, self._pending = out + self._pending, b""
-        return out
+        start, dropped = 0, False
+        kept: list[bytes] = []
+        for match in _BOUNDARY.finditer(buffer, max(len(self._pending) - 3, 0)):
+            if self._inspect(buffer[start:match.start()]):
+                kept.append(buffer[start:match.end()])
+            else:
+                dropped = True
+            start = match.end()
+        self._pending = buffer[start:]
+        if len(self._pending) > MAX_EVENT_BYTES:
+            raise UpstreamBadResponse(f"an SSE event is larger than {MAX_EVENT_BYTES} bytes")
+        return b"".join(kept) if dropped else buffer[:start]
 
-    def flush(self) -> bytes:
+    def finish(self) -> bytes:
+        """At a clean end of the stream: what is left, as a whole event (a CR last in the
+        stream ends its line; an event the upstream left unterminated is terminated, as a
+        reader dispatches it at the end of a stream too)."""
         rest, self._pending = self._pending, b""
-        return rest if self.strip_usage else b""
+        if not rest.strip(b"\r\n"):
+            return rest
+        match = _BOUNDARY.search(rest + b"-")
+        complete = match is not None and match.end() == len(rest)
+        if not self._inspect(rest[:match.start()] if complete and match else rest):
+            return b""
+        return rest if complete else rest + b"\n\n"
 
     def _inspect(self, event: bytes) -> bool:
         """Record what the event says; False if the client must not see it."""
-        if event.startswith(b"data: [DONE]"):
+        data = event_data(event)
+        if data is None:  # a comment or an event without data
+            return True
+        if data == b"[DONE]":
             self.done = True
             return True
-        if b'"usage"' not in event:
-            self.events += 1
+        self.events += 1
+        if b'"usage"' not in data:
             return True
-        payload = _data(event)
-        if not isinstance(payload, dict):
-            self.events += 1
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
             return True
-        usage = payload.get("usage")
+        usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
             self.usage = usage
             if self.strip_usage and not payload.get("choices"):
+                self.events -= 1
                 return False
-        self.events += 1
         return True
 
 
-def _data(event: bytes) -> object:
+def event_data(event: bytes) -> bytes | None:
+    """The event's data as the SSE spec defines it: the values of its ``data`` lines (one
+    space after the colon dropped) joined by newlines; None without a ``data`` line."""
+    if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        return event[6:]  # the common case: one data line
+    values = []
     for line in event.splitlines():
-        if line.startswith(b"data:"):
-            try:
-                return orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                return None
-    return None
+        if line == b"data":
+            values.append(b"")
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            values.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(values) if values else None
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -99,20 +117,11 @@ def error_event(message: str, code: str) -> bytes:
     ) + b"\n\n"
 
 
-def passthrough_headers(upstream: Mapping[str, str]) -> dict[str, str]:
-    """The upstream's response headers a client may see: no hop-by-hop ones (including
-    those its ``Connection`` header names), no cookies."""
-    named = {t.strip().lower() for t in upstream.get("connection", "").split(",")}
-    return {
-        k: v for k, v in upstream.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named
-    }
-
-
 def answer_headers(
     request: web.Request, tier_name: str, queue_s: float, deployment: Deployment,
     response: UpstreamResponse,
 ) -> dict[str, str]:
-    headers = passthrough_headers(response.headers)
+    headers = upstream_headers(response.headers)
     headers["x-request-id"] = request[REQUEST_ID]
     headers["x-proxy-tier"] = tier_name
     headers["x-proxy-queue-ms"] = str(round(queue_s * 1000))
@@ -175,7 +184,7 @@ async def relay(
             data = tally.feed(chunk)
             if data:
                 await _to_client(answer.write(data), timeout_s)
-        rest = tally.flush()
+        rest = tally.finish()
         if rest:
             await _to_client(answer.write(rest), timeout_s)
         if not tally.done and expect_done:
@@ -184,9 +193,8 @@ async def relay(
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
         service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
-        # The blank lines close any event the upstream left half-written (after a whole
-        # event they are a no-op), so the error event always parses.
-        event = b"\n\n" + error_event(f"upstream stream failed: {exc.message}", exc.code)
+        # Only whole events were relayed: the error event is the next one, and parses.
+        event = error_event(f"upstream stream failed: {exc.message}", exc.code)
         try:
             await _to_client(answer.write(event), timeout_s)
             await _to_client(answer.write_eof(), timeout_s)

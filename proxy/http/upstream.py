@@ -138,8 +138,11 @@ class HttpResponse:
             self.close()
 
     async def _read_bounded(self) -> bytes:
+        # Content-Length counts the bytes on the wire: past a compressed body's length the
+        # answer can be any size, so only an uncompressed one is read in one go.
         length = self._response.content_length
-        if length is not None and length <= self._max_bytes:
+        encoded = self._response.headers.get("content-encoding", "identity") != "identity"
+        if length is not None and length <= self._max_bytes and not encoded:
             return await self._response.read()
         parts: list[bytes] = []
         size = 0

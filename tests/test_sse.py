@@ -1,0 +1,103 @@
+"""Relaying SSE (``proxy.http.relay.StreamTally``): whole events only, however the bytes
+are chunked, ``data:`` read as the SSE spec defines it."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core.errors import UpstreamBadResponse
+from proxy.http.relay import MAX_EVENT_BYTES, StreamTally, event_data
+
+
+def chunk(event: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+CONTENT = [chunk({"choices": [{"delta": {"content": w}}]}) for w in ("a", "b", "c")]
+USAGE = chunk({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}})
+STREAM = b"".join([*CONTENT, USAGE, b"data: [DONE]\n\n"])
+
+
+def relay(pieces: list[bytes], strip_usage: bool = False) -> tuple[bytes, StreamTally]:
+    tally = StreamTally(strip_usage)
+    out = b"".join(tally.feed(piece) for piece in pieces) + tally.finish()
+    return out, tally
+
+
+def cuts(data: bytes) -> st.SearchStrategy[list[bytes]]:
+    return st.lists(st.integers(0, len(data)), max_size=12).map(
+        lambda points: [data[a:b] for a, b in zip([0, *sorted(points)],
+                                                  [*sorted(points), len(data)], strict=True)])
+
+
+@pytest.mark.parametrize(("event", "data"), [
+    (b"data: [DONE]", b"[DONE]"),
+    (b"data:[DONE]", b"[DONE]"),
+    (b"data:  two spaces", b" two spaces"),
+    (b"event: done\r\ndata: [DONE]", b"[DONE]"),
+    (b": keep-alive", None),
+    (b"id: 7\ndata: {\"a\":\ndata: 1}", b'{"a":\n1}'),
+    (b"data", b""),
+    (b"database: x", None),
+])
+def test_event_data_follows_the_spec(event: bytes, data: bytes | None) -> None:
+    assert event_data(event) == data
+
+
+@pytest.mark.parametrize("stream", [
+    STREAM,
+    STREAM.replace(b"\n\n", b"\r\n\r\n"),
+    STREAM.replace(b"\n\n", b"\r\r"),
+    STREAM.replace(b"data: [DONE]", b"data:[DONE]"),
+    b": hello\n\n" + STREAM.replace(b"data: [DONE]", b"event: end\ndata: [DONE]"),
+])
+def test_done_is_seen_in_every_spelling(stream: bytes) -> None:
+    out, tally = relay([stream])
+    assert out == stream and tally.done
+    assert tally.usage == {"prompt_tokens": 4, "completion_tokens": 3}
+
+
+def test_a_last_event_without_its_blank_line_is_completed_at_a_clean_end() -> None:
+    out, tally = relay([STREAM[:-2]])
+    assert out == STREAM and tally.done
+
+
+def test_the_usage_chunk_the_proxy_asked_for_is_removed() -> None:
+    out, tally = relay([STREAM], strip_usage=True)
+    assert out == STREAM.replace(USAGE, b"") and tally.usage is not None
+    assert tally.events == 3
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(data=st.data(), strip=st.booleans(),
+       style=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n"]))
+def test_chunking_never_changes_what_the_client_gets(data: st.DataObject, strip: bool,
+                                                     style: bytes) -> None:
+    stream = STREAM.replace(b"\n\n", style)
+    whole, _ = relay([stream], strip)
+    pieces = data.draw(cuts(stream))
+    assert relay(pieces, strip)[0] == whole
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(data=st.data(), strip=st.booleans())
+def test_a_stream_cut_anywhere_has_relayed_only_whole_events(data: st.DataObject,
+                                                             strip: bool) -> None:
+    cut = data.draw(st.integers(0, len(STREAM)))
+    tally = StreamTally(strip)
+    out = b"".join(tally.feed(piece) for piece in data.draw(cuts(STREAM[:cut])))
+    events = out.split(b"\n\n")
+    assert events[-1] == b""  # ends at a boundary (or is empty)
+    for event in events[:-1]:
+        payload = event_data(event)
+        assert payload == b"[DONE]" or isinstance(orjson.loads(payload or b"null"), dict)
+
+
+def test_an_event_past_the_bound_breaks_the_stream() -> None:
+    tally = StreamTally(False)
+    tally.feed(b"data: " + b"x" * (MAX_EVENT_BYTES // 2))
+    with pytest.raises(UpstreamBadResponse, match="larger than"):
+        tally.feed(b"x" * (MAX_EVENT_BYTES // 2 + 1))
