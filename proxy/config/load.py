@@ -27,7 +27,7 @@ from ..core.retry import RetrySettings
 from ..core.route import ModelRoute
 from ..core.scheduler import SchedulerSettings, TierSpec
 from ..core.schedules import Schedule
-from .policy import ApiKey, parse_classify, parse_schedules
+from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
 from .reader import ConfigError, Node, fail
 
@@ -71,6 +71,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     estimate: EstimateSettings = field(default_factory=EstimateSettings)
     warnings: tuple[str, ...] = ()
+    admin_sha256: str | None = None  # None: admin endpoints answer loopback clients only
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -118,6 +119,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     classify_node = root.node("classify")
     auth_required = classify_node.has("keys")
     keys, classify = parse_classify(classify_node, names, models, warnings)
+    admin_sha256 = parse_admin(root.node("admin"), keys, warnings)
     timezone, schedules = parse_schedules(root.node("schedules"), names)
     retry_node = root.node("retry")
     retry = RetrySettings(
@@ -157,6 +159,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         auth_required=auth_required,
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
+        admin_sha256=admin_sha256,
     )
 
 

@@ -35,6 +35,30 @@ def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
     fail(path, f"unknown tier {value!r} (tiers: {', '.join(names)})")
 
 
+def parse_admin(node: Node, keys: tuple[ApiKey, ...], warnings: list[str]) -> str | None:
+    """The admin key's SHA-256, or None: admin endpoints then answer loopback clients only."""
+    if node.has("key") and node.has("key_sha256"):
+        fail(node.path, "needs at most one of 'key' or 'key_sha256'")
+    digest: str | None = None
+    if node.has("key"):
+        secret = node.secret("key")
+        if secret is UNSET or (secret == "" and "${" in str(node.raw("key"))):
+            warnings.append("admin.key: environment variable not set; admin endpoints answer "
+                            "loopback clients only")
+        elif not str(secret).strip():
+            fail(node.sub("key"), "must not be empty")
+        else:
+            digest = hashlib.sha256(str(secret).encode()).hexdigest()
+    elif node.has("key_sha256"):
+        digest = node.string("key_sha256").strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            fail(node.sub("key_sha256"), "must be 64 hex digits")
+    if digest is not None and any(k.sha256 == digest for k in keys):
+        fail(node.path, "the admin key must differ from every client key")
+    node.check_unknown()
+    return digest
+
+
 def parse_classify(
     node: Node, names: tuple[str, ...], models: Collection[str], warnings: list[str]
 ) -> tuple[tuple[ApiKey, ...], ClassifySettings]:

@@ -7,6 +7,8 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ProxyError
     ├── InvalidRequest        400 invalid_request
     ├── InvalidApiKey         401 invalid_api_key
+    ├── InvalidAdminKey       401 invalid_admin_key (/admin/* with admin.key configured)
+    ├── AdminLoopbackOnly     403 admin_loopback_only (/admin/* from afar, no admin.key)
     ├── ModelNotFound         404 model_not_found
     ├── RequestTooLarge       413 request_too_large
     ├── RateLimited           429 rate_limit_exceeded
@@ -82,6 +84,20 @@ class InvalidApiKey(ProxyError):
     retryable = False
     type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class InvalidAdminKey(ProxyError):
+    status = 401
+    retryable = False
+    type = "invalid_request_error"
+    code = "invalid_admin_key"
+
+
+class AdminLoopbackOnly(ProxyError):
+    status = 403
+    retryable = False
+    type = "invalid_request_error"
+    code = "admin_loopback_only"
 
 
 class ModelNotFound(ProxyError):

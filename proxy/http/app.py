@@ -12,8 +12,7 @@ from aiohttp import web
 from ..config import Config, Provider
 from ..core.clock import Clock, SystemClock
 from ..core.tokens import TokenCounter
-from . import forward
-from .dashboard import DASHBOARD_HTML
+from . import admin, forward
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .service import Service
 from .simulated import SimulatedUpstream
@@ -80,8 +79,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/status", status)
-    app.router.add_get("/dashboard", dashboard)
+    admin.add_routes(app)
     return app
 
 
@@ -115,10 +113,3 @@ async def metrics(request: web.Request) -> web.Response:
     body = request.app[SERVICE].metrics.render()
     return web.Response(body=body, headers={"content-type": "text/plain; version=0.0.4"})
 
-
-async def status(request: web.Request) -> web.Response:
-    return _json(request.app[SERVICE].status())
-
-
-async def dashboard(request: web.Request) -> web.Response:
-    return web.Response(text=DASHBOARD_HTML, content_type="text/html")

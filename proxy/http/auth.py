@@ -22,7 +22,7 @@ class Authenticator:
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         if not self._required:
             return ANONYMOUS
-        token = _bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
+        token = bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
         if not token:
             raise InvalidApiKey(
                 "Missing proxy key: send it as 'Authorization: Bearer <key>'."
@@ -33,6 +33,6 @@ class Authenticator:
         return principal
 
 
-def _bearer(value: str) -> str:
+def bearer(value: str) -> str:
     scheme, _, token = value.strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import re
 from collections.abc import Mapping
 
@@ -41,6 +42,16 @@ def client_request_id(headers: Mapping[str, str]) -> str | None:
     """The client's ``x-request-id`` if it is a plain token of at most 128 characters."""
     given = headers.get("x-request-id")
     return given if given is not None and _REQUEST_ID.fullmatch(given) else None
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def secret_digest(value: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
 import signal
 
@@ -13,18 +12,12 @@ from aiohttp import web
 
 from ..config import Config
 from .app import build_app
+from .edge import is_loopback
 from .state import LIFECYCLE
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 30.0
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{x-request-id}o" tier=%{x-proxy-tier}o ' \
@@ -48,7 +41,7 @@ async def serve(config: Config, host: str, port: int, access_log: bool = False) 
     gc.set_threshold(10_000, 10, 10)
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    if not config.auth_required and not _is_loopback(host):
+    if not config.auth_required and not is_loopback(host):
         log.warning("no proxy keys configured and listening on %s: anyone can use it", host)
     bound = runner.addresses[0] if runner.addresses else (host, port)
     print(f"listening on http://{host}:{bound[1]}", flush=True)
