@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="INFO", type=str.upper,
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--access-log", action="store_true",
-                       help="log one line per request (tier, queue time, upstream)")
+                       help="one line per call on stdout (access_log.format: json or text)")
     check = commands.add_parser("check", help="validate a config and print a summary")
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     args = parser.parse_args(argv)
@@ -62,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
+    if args.access_log:
+        config = dataclasses.replace(
+            config, access_log=dataclasses.replace(config.access_log, enabled=True))
     try:
-        run(config, host, port, args.access_log)
+        run(config, host, port)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

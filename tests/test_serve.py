@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 CONFIG = """
@@ -131,7 +132,8 @@ async def test_access_log_names_tier_queue_time_and_upstream(tmp_path: Path) -> 
             assert resp.status == 200
     finally:
         process.send_signal(signal.SIGTERM)
-        _, err = await asyncio.to_thread(process.communicate, None, 20)
-    access = [entry for entry in err.splitlines() if "trace-me" in entry]
+        out, _ = await asyncio.to_thread(process.communicate, None, 20)
+    access = [orjson.loads(entry) for entry in out.splitlines() if "trace-me" in entry]
     assert len(access) == 1
-    assert "tier=low" in access[0] and "upstream=slow/s" in access[0]
+    assert access[0]["tier"] == "low" and access[0]["upstream"] == "slow/s"
+    assert access[0]["status"] == 200 and access[0]["completion_tokens"] == 1

@@ -56,6 +56,12 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class AccessLogSettings:
+    enabled: bool = False
+    format: str = "json"  # or text
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen
     tiers: tuple[TierSpec, ...]
@@ -72,6 +78,7 @@ class Config:
     estimate: EstimateSettings = field(default_factory=EstimateSettings)
     warnings: tuple[str, ...] = ()
     admin_sha256: str | None = None  # None: admin endpoints answer loopback clients only
+    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -120,6 +127,12 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     auth_required = classify_node.has("keys")
     keys, classify = parse_classify(classify_node, names, models, warnings)
     admin_sha256 = parse_admin(root.node("admin"), keys, warnings)
+    access_node = root.node("access_log")
+    access_log = AccessLogSettings(
+        enabled=access_node.boolean("enabled", root.has("access_log")),
+        format=access_node.choice("format", ("json", "text"), "json"),
+    )
+    access_node.check_unknown()
     timezone, schedules = parse_schedules(root.node("schedules"), names)
     retry_node = root.node("retry")
     retry = RetrySettings(
@@ -159,7 +172,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         auth_required=auth_required,
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
-        admin_sha256=admin_sha256,
+        admin_sha256=admin_sha256, access_log=access_log,
     )
 
 

@@ -29,9 +29,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
         name = node.string("name", required=True)
         if name in declared:
             fail(f"{path}.name", f"duplicate provider {name!r}")
-        kind = node.string("kind", "openai")
-        if kind not in PROVIDER_KINDS:
-            fail(f"{path}.kind", f"must be one of {', '.join(PROVIDER_KINDS)}")
+        kind = node.choice("kind", PROVIDER_KINDS, "openai")
         declared.add(name)
         max_concurrency = node.integer("max_concurrency", 10, minimum=1)
         timeouts_node = node.node("timeouts")
@@ -138,9 +136,7 @@ def parse_models(
     for public, value in root.mapping("models").items():
         path = f"models.{public}"
         node = Node({"candidates": value} if isinstance(value, list) else value, path, root.env)
-        strategy = node.string("strategy", "ordered")
-        if strategy not in STRATEGIES:
-            fail(f"{path}.strategy", f"must be one of {', '.join(STRATEGIES)}")
+        strategy = node.choice("strategy", STRATEGIES, "ordered")
         tier_strategies: dict[str, str] = {}
         for tier, tier_strategy in node.mapping("tiers").items():
             tier_name = names[tier_index(tier, names, f"{path}.tiers.{tier}")]

@@ -112,6 +112,12 @@ class Node:
             fail(self.sub(key), "must be a string")
         return interpolate(str(value), self.env)
 
+    def choice(self, key: str, options: tuple[str, ...], default: str) -> str:
+        value = self.string(key, default)
+        if value not in options:
+            fail(self.sub(key), f"must be one of {', '.join(options)}")
+        return value
+
     def optional_string(self, key: str) -> str | None:
         return self.string(key) if self.raw(key) is not None else None
 

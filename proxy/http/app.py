@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import IO
 
 import aiohttp
 import orjson
@@ -13,10 +14,11 @@ from ..config import Config, Provider
 from ..core.clock import Clock, SystemClock
 from ..core.tokens import TokenCounter
 from . import admin, forward
+from .access import AccessLog
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .service import Service
 from .simulated import SimulatedUpstream
-from .state import LIFECYCLE, SERVICE, Lifecycle
+from .state import ACCESS_LOG, LIFECYCLE, SERVICE, Lifecycle
 from .upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,15 @@ def build_app(
     clock: Clock | None = None,
     counter: TokenCounter | None = None,
     upstream_factory: UpstreamFactory = default_upstream,
+    access_stream: IO[str] | None = None,
 ) -> web.Application:
+    """``access_stream``: where the access log goes when the config turns it on (stdout)."""
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes
     )
+    settings = config.access_log
+    if settings.enabled:
+        app[ACCESS_LOG] = AccessLog(settings.format, access_stream)
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_IDS] = RequestIds()
 

@@ -38,7 +38,7 @@ from .admission import ShuttingDown
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay
 from .service import Service
-from .state import REQUEST_ID, SERVICE, TIER
+from .state import RECORD, REQUEST_ID, SERVICE
 from .upstream import UpstreamRequest, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
@@ -66,8 +66,11 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResponse:
     service = request.app[SERVICE]
     arrived = service.clock.now()
+    record = request[RECORD]
     principal = service.auth.authenticate(request.headers)
+    record.key = principal.name
     call = await read_call(request, kind, service.config.limits.body, service.counter)
+    record.model = call.model
     facts = RequestFacts(
         headers=request.headers,
         model=call.model,
@@ -77,11 +80,12 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
         service_tier=call.service_tier,
     )
     plan = service.engine.plan(call, facts, principal, arrived)
-    request[TIER] = plan.tier_name
+    record.tier = plan.tier_name
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     try:
         return await _drive(service, exchange, path)
     finally:
+        record.queue_s = exchange.attempts.queue_s
         in_flight = exchange.attempts.deployment
         if in_flight is not None:  # the client left (or an error escaped) mid-attempt
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
@@ -108,14 +112,21 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                         ticket.dispatched_at - ticket.queued_at)
                     command = attempts.granted(decision.deployment, now)
             case Send(deployment=deployment):
+                record = exchange.request[RECORD]
+                record.upstream = deployment.id
                 sent = service.clock.now()
                 result = await _send(service, exchange, path, deployment)
                 service.metrics.attempts.get(deployment.provider, result.verdict.value).inc()
                 predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
-                command = attempts.finished(result, service.clock.now())
+                now = service.clock.now()
+                command = attempts.finished(result, now)
+                record.upstream_s, record.ttft_s = now - sent, result.ttft_s
                 if isinstance(command, Done) and attempts.usage is not None:
-                    record_usage(service, exchange.plan, deployment, attempts.usage,
-                                 predicted, service.clock.now() - sent)
+                    usage = attempts.usage
+                    record.prompt_tokens = usage.prompt_tokens
+                    record.completion_tokens = usage.completion_tokens
+                    record.cost_usd = record_usage(service, exchange.plan, deployment, usage,
+                                                   predicted, now - sent)
             case Wait(until=until):
                 await asyncio.sleep(max(until - service.clock.now(), 0.0))
                 command = attempts.resume(service.clock.now())

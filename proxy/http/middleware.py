@@ -12,11 +12,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from ..core.errors import InvalidRequest, ProxyError, RequestTooLarge
+from .access import CallRecord
 from .edge import client_request_id
-from .state import COMMITTED, REQUEST_ID, SERVICE, TIER
+from .state import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID, SERVICE
 
-log = logging.getLogger("proxy.access")
-_PROXIED = ("/v1/chat/completions", "/v1/embeddings")
+log = logging.getLogger(__name__)
+_PROXIED = frozenset({"/v1/chat/completions", "/v1/embeddings"})
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RequestIds:
@@ -64,7 +66,9 @@ def _from_http(exc: web.HTTPException) -> ProxyError:
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = _request_id(request)
     request[REQUEST_ID] = request_id
-    proxied = request.path in _PROXIED
+    service = request.app[SERVICE]
+    record = request[RECORD] = CallRecord(service.clock.wall())
+    started = service.clock.now()
     status = 500
     try:
         response = await handler(request)
@@ -76,28 +80,32 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         status = 499  # the client went away
         raise
     except ProxyError as exc:
-        status = exc.status
-        if proxied and TIER in request and exc.status == 503:
-            request.app[SERVICE].metrics.rejections.get(request[TIER], exc.code).inc()
-        return error_response(exc, request_id, request.get(TIER))
+        status, record.code = exc.status, exc.code
+        if record.tier is not None and exc.status == 503:
+            service.metrics.rejections.get(record.tier, exc.code).inc()
+        return error_response(exc, request_id, record.tier)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         error = _from_http(exc)
-        status = error.status
-        return error_response(error, request_id, request.get(TIER))
+        status, record.code = error.status, error.code
+        return error_response(error, request_id, record.tier)
     except Exception:  # the one place where an unexpected error becomes a 500
         log.exception("unhandled error in %s %s (request %s)", request.method, request.path,
                       request_id)
+        record.code = "internal_error"
         if request.get(COMMITTED):
             # A response is half-sent: a second one would corrupt it. Hang up instead.
             if request.transport is not None:
                 request.transport.abort()
             raise
         error = ProxyError("The proxy failed unexpectedly; this is a bug.")
-        return error_response(error, request_id, request.get(TIER))
+        return error_response(error, request_id, record.tier)
     finally:
-        if proxied:
-            request.app[SERVICE].metrics.requests.get(
-                request.get(TIER, "none"), str(status)
-            ).inc()
+        path = request.path
+        if path in _PROXIED:
+            service.metrics.requests.get(record.tier or "none", str(status)).inc()
+        access = request.app.get(ACCESS_LOG)
+        if access is not None and path not in _PROBES:
+            access.emit(request_id, request.method, request.rel_url.raw_path[:256], status,
+                        service.clock.now() - started, record)

@@ -17,7 +17,7 @@ from ..core.fleet import Verdict
 from ..core.route import Deployment
 from .edge import upstream_headers
 from .service import Service
-from .state import COMMITTED, REQUEST_ID
+from .state import COMMITTED, RECORD, REQUEST_ID
 from .upstream import UpstreamResponse
 
 # An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
@@ -192,6 +192,7 @@ async def relay(
         await _to_client(answer.write_eof(), timeout_s)
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
+        request[RECORD].code = exc.code
         service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
         # Only whole events were relayed: the error event is the next one, and parses.
         event = error_event(f"upstream stream failed: {exc.message}", exc.code)
@@ -202,6 +203,7 @@ async def relay(
             _hang_up(request)
     except _ClientGone:
         verdict = Verdict.ABANDONED
+        request[RECORD].code = "client_gone"
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
         _hang_up(request)
     usage = tally.usage or {}

@@ -20,18 +20,13 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 30.0
 
 
-ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{x-request-id}o" tier=%{x-proxy-tier}o ' \
-    'queue_ms=%{x-proxy-queue-ms}o upstream=%{x-proxy-upstream}o'
-
-
-async def serve(config: Config, host: str, port: int, access_log: bool = False) -> None:
+async def serve(config: Config, host: str, port: int) -> None:
     app = build_app(config)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
-    # and a running one frees its slot; aiohttp's own default is not to.
+    # and a running one frees its slot; aiohttp's own default is not to. The access log is
+    # the proxy's own (one line per call, however it ends), not aiohttp's.
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
-        access_log=logging.getLogger("proxy.access") if access_log else None,
-        access_log_format=ACCESS_LOG_FORMAT,
+        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None,
     )
     await runner.setup()
     # Everything built so far lives as long as the process: keep it out of the collector's
@@ -60,10 +55,10 @@ async def serve(config: Config, host: str, port: int, access_log: bool = False) 
         await runner.cleanup()
 
 
-def run(config: Config, host: str, port: int, access_log: bool = False) -> None:
+def run(config: Config, host: str, port: int) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, host, port, access_log))
+        asyncio.run(serve(config, host, port))
     else:
-        uvloop.run(serve(config, host, port, access_log))
+        uvloop.run(serve(config, host, port))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .access import AccessLog, CallRecord
 from .service import Service
 
 
@@ -17,5 +18,6 @@ class Lifecycle:
 SERVICE = web.AppKey("service", Service)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 REQUEST_ID = web.RequestKey("request_id", str)
-TIER = web.RequestKey("tier", str)
+RECORD = web.RequestKey("record", CallRecord)
+ACCESS_LOG = web.AppKey("access_log", AccessLog)  # set only when the access log is on
 COMMITTED = web.RequestKey("committed", bool)  # the response head has gone to the client
