@@ -10,6 +10,7 @@ from typing import TypeVar
 import pytest
 
 from proxy.core.clock import FakeClock, SystemClock
+from proxy.core.errors import ShuttingDown
 from proxy.core.scheduler import (
     Dispatch,
     Rejection,
@@ -19,7 +20,7 @@ from proxy.core.scheduler import (
     TicketState,
     TierSpec,
 )
-from proxy.http.admission import Admission, ShuttingDown
+from proxy.http.admission import Admission
 
 T = TypeVar("T")
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))
@@ -236,3 +237,29 @@ async def test_a_grant_left_unsettled_for_a_waiter_that_leaves_is_given_back_onc
     decision = await within(kept)
     assert isinstance(decision, Dispatch) and decision.ticket is staying
     assert s.inflight("p") == 2
+
+
+async def test_draining_serves_what_still_fits_and_turns_the_rest_away() -> None:
+    clock = SystemClock()
+    adm, s = make(clock=clock)
+    holder = await granted(adm, ticket(0))
+    short = asyncio.create_task(adm.wait(ticket(2, est=0.1)))
+    long = asyncio.create_task(adm.wait(ticket(2, est=5.0)))
+    await settle()
+    adm.drain(clock.now() + 0.6)
+    with pytest.raises(ShuttingDown):
+        await within(long)  # at once: it could not finish by the deadline
+    assert not short.done() and s.depth(2) == 1
+    release(adm, holder)
+    assert isinstance(await within(short), Dispatch)  # it fits: served
+    # A call that arrives while draining is queued if it fits, and turned away when it
+    # no longer can start in time.
+    started = time.perf_counter()
+    late = asyncio.create_task(adm.wait(ticket(1, est=0.3)))
+    with pytest.raises(ShuttingDown):
+        await within(late)
+    assert 0.1 < time.perf_counter() - started < 0.5
+    assert s.depth(1) == 0
+    with pytest.raises(ShuttingDown):
+        await adm.wait(ticket(0, est=1.0))
+    adm.close()

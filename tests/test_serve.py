@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -95,22 +96,57 @@ async def test_disconnects_free_the_slot_and_leave_the_queue(
             assert int(fresh.headers["x-proxy-queue-ms"]) < 500
 
 
-async def test_sigterm_lets_the_stream_in_flight_finish_and_exits_0(
-    proxy: tuple[str, subprocess.Popen[str]]
-) -> None:
-    base, process = proxy
-    async with aiohttp.ClientSession() as session:
-        resp = await session.post(f"{base}/v1/chat/completions",
-                                  json={**CHAT, "stream": True, "max_tokens": 20})
-        assert (await resp.content.readany()).startswith(b"data: ")
-        queued = asyncio.create_task(session.post(f"{base}/v1/chat/completions", json=CHAT))
-        await asyncio.sleep(0.2)
-        process.send_signal(signal.SIGTERM)
-        turned_away = await queued  # queued calls are told to retry elsewhere at once
-        assert turned_away.status == 503 and "retry-after" in turned_away.headers
-        rest = await resp.read()
-        assert rest.endswith(b"data: [DONE]\n\n")
-    assert await asyncio.to_thread(process.wait, 20) == 0
+
+DRAIN_CONFIG = CONFIG.replace("max_concurrency: 1", "max_concurrency: 2") + "drain_timeout_s: 2\n"
+
+
+async def test_sigterm_under_load_drains_and_exits_0(tmp_path: Path) -> None:
+    """Two streams in flight (one ends in 1 s, one would take 10 s), one short call queued
+    behind them and one long one: at SIGTERM the long queued call is told to retry
+    elsewhere at once, the short one is served when a slot frees, the 1 s stream ends
+    whole, and the 10 s stream gets an SSE error event at the 2 s drain timeout, not a
+    silent cut. The process exits 0."""
+    config = tmp_path / "routing.yaml"
+    config.write_text(DRAIN_CONFIG)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
+         "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
+        base = line.split()[-1].strip()
+        url = f"{base}/v1/chat/completions"
+        async with aiohttp.ClientSession() as session:
+            ending = await session.post(url, json={**CHAT, "stream": True, "max_tokens": 20})
+            endless = await session.post(url, json={**CHAT, "stream": True, "max_tokens": 200})
+            for resp in (ending, endless):
+                assert (await resp.content.readany()).startswith(b"data: ")
+            short = asyncio.create_task(session.post(url, json={**CHAT, "max_tokens": 2}))
+            long = asyncio.create_task(session.post(url, json={**CHAT, "max_tokens": 2000}))
+            await asyncio.sleep(0.3)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            turned_away = await long
+            assert turned_away.status == 503 and turned_away.headers["retry-after"] == "1"
+            assert (await turned_away.json())["error"]["code"] == "shutting_down"
+            assert time.monotonic() - signalled < 0.5
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await session.get(f"{base}/readyz")  # the listener is closed
+            served = await short
+            assert served.status == 200 and (await served.json())["choices"]
+            assert (await ending.read()).endswith(b"data: [DONE]\n\n")
+            cut = (await endless.read()).decode()
+            events = [e for e in cut.split("\n\n") if e]
+            assert orjson.loads(events[-1][len("data: "):])["error"]["code"] == "shutting_down"
+            assert "[DONE]" not in cut
+            assert 1.8 < time.monotonic() - signalled < 4.0
+        assert await asyncio.to_thread(process.wait, 20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
 
 async def test_access_log_names_tier_queue_time_and_upstream(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ class Config:
     warnings: tuple[str, ...] = ()
     admin_sha256: str | None = None  # None: admin endpoints answer loopback clients only
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
+    drain_timeout_s: float = 30.0  # SIGTERM: how long calls in flight may finish
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -133,6 +134,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         format=access_node.choice("format", ("json", "text"), "json"),
     )
     access_node.check_unknown()
+    drain_timeout_s = root.number("drain_timeout_s", 30.0, maximum=3600.0)
     timezone, schedules = parse_schedules(root.node("schedules"), names)
     retry_node = root.node("retry")
     retry = RetrySettings(
@@ -172,7 +174,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         auth_required=auth_required,
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
-        admin_sha256=admin_sha256, access_log=access_log,
+        admin_sha256=admin_sha256, access_log=access_log, drain_timeout_s=drain_timeout_s,
     )
 
 

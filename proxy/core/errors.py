@@ -17,6 +17,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     │   ├── Evicted               evicted
     │   ├── QueueTimeout          queue_timeout
     │   ├── Shed                  shed (expected wait past the model's degrade.shed_wait_s)
+    │   ├── ShuttingDown          shutting_down (draining: the call cannot finish in time)
     │   └── UpstreamUnavailable   upstream_unavailable
     └── UpstreamError         502 / 504, raised when every attempt failed
         ├── UpstreamConnectError  502 upstream_connect_error
@@ -140,6 +141,14 @@ class QueueTimeout(Overloaded):
 
 class Shed(Overloaded):
     code = "shed"
+
+
+class ShuttingDown(Overloaded):
+    code = "shutting_down"
+
+    def __init__(self, message: str = "The proxy is shutting down and the call could not "
+                 "finish in time; retry it (on another replica).") -> None:
+        super().__init__(message, retry_after=1.0)
 
 
 class UpstreamUnavailable(Overloaded):

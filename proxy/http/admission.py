@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 
 from ..core.clock import Clock
+from ..core.errors import ShuttingDown
 from ..core.scheduler import Dispatch, Rejection, Scheduler, Ticket, TicketState
-
-
-class ShuttingDown(Exception):
-    """The proxy stopped taking work while the call waited."""
 
 
 class Admission:
@@ -28,15 +25,23 @@ class Admission:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
+        self._drain_until: float | None = None
+        self._cutoffs: dict[Ticket, asyncio.TimerHandle] = {}
 
     async def wait(self, ticket: Ticket) -> Dispatch | Rejection:
         """Queue ``ticket`` and wait for the scheduler's decision about it: a slot
-        (``Dispatch``) or a refusal (``Rejection``). Raises ShuttingDown once closed."""
+        (``Dispatch``) or a refusal (``Rejection``). Raises ShuttingDown once closed, or
+        while draining once the call could no longer finish in time."""
         if self._closed:
             raise ShuttingDown()
         future: asyncio.Future[Dispatch | Rejection] = (
             asyncio.get_running_loop().create_future())
         self._waiting[ticket] = future
+        if self._drain_until is not None:
+            self._arm_cutoff(ticket)
+            if future.done():
+                self._waiting.pop(ticket, None)
+                return future.result()  # raises ShuttingDown
         self.scheduler.submit(ticket, self._clock.now())
         self.settle()
         try:
@@ -44,6 +49,36 @@ class Admission:
         except asyncio.CancelledError:
             self._abandon(ticket, future)
             raise
+        finally:
+            cutoff = self._cutoffs.pop(ticket, None)
+            if cutoff is not None:
+                cutoff.cancel()
+
+    def drain(self, until: float) -> None:
+        """Keep serving, but only calls expected to finish by ``until``: a queued call is
+        turned away (ShuttingDown) once its expected service time no longer fits."""
+        self._drain_until = until
+        for ticket in list(self._waiting):
+            self._arm_cutoff(ticket)
+
+    def _arm_cutoff(self, ticket: Ticket) -> None:
+        assert self._drain_until is not None
+        delay = self._drain_until - ticket.est_service_s - self._clock.now()
+        if delay <= 0:
+            self._turn_away(ticket)
+        else:
+            self._cutoffs[ticket] = asyncio.get_running_loop().call_later(
+                delay, self._turn_away, ticket)
+
+    def _turn_away(self, ticket: Ticket) -> None:
+        self._cutoffs.pop(ticket, None)
+        future = self._waiting.pop(ticket, None)
+        if future is None or future.done():
+            return
+        if ticket.state is TicketState.QUEUED:
+            self.scheduler.cancel(ticket, self._clock.now())
+        future.set_exception(ShuttingDown())
+        self.settle()
 
     def settle(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
@@ -67,6 +102,9 @@ class Admission:
         """Stop the timer and turn every queued waiter away."""
         self._closed = True
         self._disarm()
+        for cutoff in self._cutoffs.values():
+            cutoff.cancel()
+        self._cutoffs.clear()
         now = self._clock.now()
         waiting, self._waiting = self._waiting, {}
         for ticket, future in waiting.items():

@@ -15,10 +15,11 @@ from ..core.clock import Clock, SystemClock
 from ..core.tokens import TokenCounter
 from . import admin, forward
 from .access import AccessLog
+from .drain import Lifecycle
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .service import Service
 from .simulated import SimulatedUpstream
-from .state import ACCESS_LOG, LIFECYCLE, SERVICE, Lifecycle
+from .state import ACCESS_LOG, LIFECYCLE, SERVICE
 from .upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,12 @@ def build_app(
             await service.close()
 
     async def drain(app: web.Application) -> None:
-        # Runs once the listener has stopped and before in-flight calls are awaited: calls
-        # still queued get a 503 with retry-after now, to retry on another replica.
+        # Runs once the listener has stopped and before aiohttp itself waits for handlers:
+        # calls in flight finish, queued calls that still fit start, within the timeout.
+        service, timeout = app[SERVICE], config.drain_timeout_s
         app[LIFECYCLE].draining = True
-        app[SERVICE].admission.close()
+        service.admission.drain(service.clock.now() + timeout)
+        await app[LIFECYCLE].drain(timeout)
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(drain)

@@ -26,7 +26,7 @@ from ..core.attempts import (
     Wait,
 )
 from ..core.classify import RequestFacts, upstream_service_tier
-from ..core.errors import Overloaded, UpstreamError
+from ..core.errors import ShuttingDown, UpstreamError
 from ..core.fleet import Verdict
 from ..core.plan import Plan
 from ..core.request import Kind
@@ -34,11 +34,10 @@ from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from .accounting import record_usage
-from .admission import ShuttingDown
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay
 from .service import Service
-from .state import RECORD, REQUEST_ID, SERVICE
+from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID, SERVICE
 from .upstream import UpstreamRequest, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
@@ -82,8 +81,16 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     plan = service.engine.plan(call, facts, principal, arrived)
     record.tier = plan.tier_name
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
+    lifecycle = request.app[LIFECYCLE]
     try:
-        return await _drive(service, exchange, path)
+        with lifecycle.call():
+            return await _drive(service, exchange, path)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if lifecycle.expired and task is not None and not request.get(COMMITTED):
+            task.uncancel()  # ended by the drain, not by the client: it gets a 503
+            raise ShuttingDown() from None
+        raise
     finally:
         record.queue_s = exchange.attempts.queue_s
         in_flight = exchange.attempts.deployment
@@ -100,10 +107,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
         service.admission.settle()
         match command:
             case Queue(ticket=ticket):
-                try:
-                    decision = await service.admission.wait(ticket)
-                except ShuttingDown:
-                    raise Overloaded("The proxy is shutting down.", retry_after=1.0) from None
+                decision = await service.admission.wait(ticket)
                 now = service.clock.now()
                 if isinstance(decision, Rejection):
                     command = attempts.refused(decision.code, decision.retry_after_s, now)

@@ -12,12 +12,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..core.errors import UpstreamBadResponse, UpstreamError
+from ..core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ..core.fleet import Verdict
 from ..core.route import Deployment
+from .drain import FAREWELL_S
 from .edge import upstream_headers
 from .service import Service
-from .state import COMMITTED, RECORD, REQUEST_ID
+from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from .upstream import UpstreamResponse
 
 # An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
@@ -199,6 +200,20 @@ async def relay(
         try:
             await _to_client(answer.write(event), timeout_s)
             await _to_client(answer.write_eof(), timeout_s)
+        except _ClientGone:
+            _hang_up(request)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not request.app[LIFECYCLE].expired or task is None:
+            raise  # the client left
+        task.uncancel()  # the drain timed out: say so in the stream, then close it
+        verdict = Verdict.ABANDONED
+        request[RECORD].code = ShuttingDown.code
+        event = error_event("the proxy is shutting down; the stream was ended",
+                            ShuttingDown.code)
+        try:
+            await _to_client(answer.write(event), min(timeout_s, FAREWELL_S))
+            await _to_client(answer.write_eof(), min(timeout_s, FAREWELL_S))
         except _ClientGone:
             _hang_up(request)
     except _ClientGone:

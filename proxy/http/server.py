@@ -17,7 +17,8 @@ from .state import LIFECYCLE
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_S = 30.0
+# aiohttp's own wait for handlers, after the proxy's drain: only a fallback.
+AIOHTTP_GRACE_S = 5.0
 
 
 async def serve(config: Config, host: str, port: int) -> None:
@@ -26,7 +27,8 @@ async def serve(config: Config, host: str, port: int) -> None:
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
     # the proxy's own (one line per call, however it ends), not aiohttp's.
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None,
+        app, handler_cancellation=True, access_log=None,
+        shutdown_timeout=config.drain_timeout_s + AIOHTTP_GRACE_S,
     )
     await runner.setup()
     # Everything built so far lives as long as the process: keep it out of the collector's
@@ -47,12 +49,18 @@ async def serve(config: Config, host: str, port: int) -> None:
     try:
         await stop.wait()
     finally:
-        log.info("shutting down: no new connections, finishing calls in flight")
-        app[LIFECYCLE].draining = True
+        log.info("shutting down: no new connections, finishing calls in flight (up to "
+                 "%gs; signal again to end them now)", config.drain_timeout_s)
+        lifecycle = app[LIFECYCLE]
+        lifecycle.draining = True
         for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await runner.cleanup()
+            loop.add_signal_handler(sig, lifecycle.hurry)
+        try:
+            await runner.cleanup()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(ValueError, RuntimeError):
+                    loop.remove_signal_handler(sig)
 
 
 def run(config: Config, host: str, port: int) -> None:

@@ -5,15 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from .access import AccessLog, CallRecord
+from .drain import Lifecycle
 from .service import Service
-
-
-class Lifecycle:
-    """Whether the app still takes new work (readiness)."""
-
-    def __init__(self) -> None:
-        self.draining = False
-
 
 SERVICE = web.AppKey("service", Service)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

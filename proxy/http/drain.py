@@ -1,0 +1,66 @@
+"""Graceful drain at SIGTERM: stop being ready, let calls in flight finish and queued calls
+that still fit start, within ``drain_timeout_s``; then end what is left with an error the
+client can read (an SSE error event, or a 503), never a silent cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+# After the drain deadline, how long the calls still running get to write their error.
+FAREWELL_S = 2.0
+
+
+class Lifecycle:
+    """Readiness, and the proxied calls in progress, for the drain to wait on."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.expired = False  # the drain deadline passed: calls still running are ended
+        self._calls: set[asyncio.Task[object]] = set()
+        self._idle = asyncio.Event()
+        self._hurry = asyncio.Event()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Around one proxied call's handler."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        try:
+            yield
+        finally:
+            self._calls.discard(task)
+            if not self._calls:
+                self._idle.set()
+
+    @property
+    def in_progress(self) -> int:
+        return len(self._calls)
+
+    def hurry(self) -> None:
+        """End the drain now (a second SIGTERM or Ctrl-C)."""
+        self._hurry.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for the calls in progress, at most ``timeout_s``; then end the rest."""
+        self.draining = True
+        if self._calls:
+            self._idle.clear()
+            log.info("draining: %d calls in progress, up to %gs", len(self._calls), timeout_s)
+            waiters = [asyncio.ensure_future(self._idle.wait()),
+                       asyncio.ensure_future(self._hurry.wait())]
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+        if self._calls:
+            log.warning("drain timeout: ending %d calls still in progress", len(self._calls))
+            self.expired = True
+            remaining = list(self._calls)
+            for task in remaining:
+                task.cancel()
+            await asyncio.wait(remaining, timeout=FAREWELL_S)
