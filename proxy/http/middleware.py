@@ -105,6 +105,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         path = request.path
         if path in _PROXIED:
             service.metrics.requests.get(record.tier or "none", str(status)).inc()
+            service.live.call_ended(status, record, service.clock.now())
         access = request.app.get(ACCESS_LOG)
         if access is not None and path not in _PROBES:
             access.emit(request_id, request.method, request.rel_url.raw_path[:256], status,

@@ -18,6 +18,7 @@ from ..core.schedules import Schedule, active, next_change
 from ..core.tokens import TokenCounter
 from .admission import Admission
 from .auth import Authenticator
+from .live import LiveStats
 from .metrics import Metrics
 from .upstream import Upstream
 
@@ -39,6 +40,7 @@ class Service:
         self.counter = counter
         self.upstreams = upstreams
         self.metrics = metrics or Metrics()
+        self.live = LiveStats()
         self.auth = Authenticator(config.keys, config.auth_required)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
