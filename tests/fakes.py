@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.http.sim_answers import ANSWERS
+
 
 def completion(model: str, text: str = "Hello there!") -> dict[str, Any]:
     return {
@@ -68,6 +70,7 @@ class FakeUpstream:
     reply_headers: dict[str, str] = field(default_factory=dict)
     raw_stream: list[bytes] | None = None  # streamed exactly, chunk by chunk, instead
     seen: list[Seen] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)  # ids of completions and responses
     active: int = 0
     peak: int = 0
     cancelled: int = 0
@@ -78,7 +81,32 @@ class FakeUpstream:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/completions", self.shaped)
+        app.router.add_post("/v1/responses", self.shaped)
         return app
+
+    async def shaped(self, request: web.Request) -> web.StreamResponse:
+        """Completions and Responses, in the simulated provider's shapes; ``ok`` or the
+        error modes."""
+        body = await request.json()
+        self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
+        mode = self.script.popleft() if self.script else self.default
+        if mode in ("500", "400", "429", "401") or (self.raw_stream and body.get("stream")):
+            return await self._respond(request, body, mode)
+        answer = ANSWERS[request.path.removeprefix("/v1")](body["model"], len(self.words), 5)
+        self.answers.append(answer.id)
+        text = "".join(self.words)
+        self.completed += 1
+        if not body.get("stream"):
+            return web.Response(body=answer.whole(text), content_type="application/json",
+                                headers=self.reply_headers)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        await response.write(answer.opening() + answer.pieces(self.words))
+        await response.write(answer.closing(text, usage))
+        await response.write_eof()
+        return response
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -17,6 +17,7 @@ from proxy.core.request import BodyLimits, Call, Kind, parse_call
 from proxy.core.tokens import TokenCounter
 
 LIMITS = BodyLimits()
+KINDS: list[Kind] = ["chat", "completions", "responses", "embeddings"]
 ESTIMATE = TokenCounter(None)
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 EMBED: dict[str, Any] = {"model": "m", "input": "hi"}
@@ -152,7 +153,7 @@ def test_the_byte_level_depth_check_agrees_with_a_recursive_count(value: object,
 
 @settings(max_examples=500, deadline=None, derandomize=True)
 @given(raw=st.binary(max_size=200) | JSON.map(orjson.dumps),
-       kind=st.sampled_from(["chat", "embeddings"]))
+       kind=st.sampled_from(KINDS))
 def test_no_bytes_make_the_parser_fail_other_than_invalid_request(raw: bytes,
                                                                   kind: Kind) -> None:
     try:
@@ -167,12 +168,14 @@ FIELDS = st.fixed_dictionaries({}, optional={
     "messages": JSON | st.lists(st.dictionaries(st.sampled_from(
         ["role", "content", "name", "tool_calls", "function_call"]), JSON), max_size=3),
     "input": JSON, "n": JSON, "max_tokens": JSON, "max_completion_tokens": JSON,
-    "stream": JSON, "stream_options": JSON, "service_tier": JSON,
+    "stream": JSON, "stream_options": JSON, "service_tier": JSON, "prompt": JSON,
+    "instructions": JSON, "max_output_tokens": JSON, "previous_response_id": JSON,
+    "background": JSON,
 })
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(body=FIELDS, kind=st.sampled_from(["chat", "embeddings"]))
+@given(body=FIELDS, kind=st.sampled_from(KINDS))
 def test_no_body_shape_makes_the_parser_fail_other_than_invalid_request(
     body: dict[str, Any], kind: Kind
 ) -> None:

@@ -3,9 +3,12 @@ that turns a parsed call into a plan. The HTTP driver and the simulator both dri
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from .classify import ClassifySettings, Principal, RequestFacts, classify
 from .errors import ModelNotFound
@@ -24,6 +27,8 @@ from .scheduler import Scheduler, SchedulerSettings
 PROMPT_PLAUSIBLE_FACTOR = 4
 PROMPT_PLAUSIBLE_MARGIN = 10_000
 COMPLETION_PLAUSIBLE_MAX = 1_000_000
+# Responses API answers remembered with the deployment that holds them, most recent first.
+AFFINITY_ENTRIES = 100_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class Engine:
                            self.retry.budget, self.rng, on_transition)
         priors = self.estimate
         self.outputs = OutputEstimator(prior=priors.output_tokens)
+        self._homes: LRUCache[str, Deployment] = LRUCache(maxsize=AFFINITY_ENTRIES)
         self.latency = LatencyModel(
             ttft_prior_s=priors.ttft_s,
             seconds_per_token_prior=priors.seconds_per_token,
@@ -85,6 +91,7 @@ class Engine:
         if route is None:
             raise ModelNotFound(
                 f"The model '{call.model}' does not exist on this proxy.", param="model")
+        route = self._continued(route, call, now)
         tier = classify(facts, principal, self.classify).tier
         output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
                   if call.generates else 0)
@@ -96,6 +103,21 @@ class Engine:
             caller=principal.name, arrived=now,
             deadline=now + self.settings.tiers[tier].max_wait_s,
         )
+
+    def remember_response(self, response_id: str, deployment: Deployment) -> None:
+        """``deployment`` answered with the stored response ``response_id``."""
+        self._homes[response_id] = deployment
+
+    def _continued(self, route: ModelRoute, call: Call, now: float) -> ModelRoute:
+        """A call that continues a stored response (``previous_response_id``) can only be
+        served where that response lives: there alone, while it is available."""
+        if call.previous_response_id is None:
+            return route
+        home = self._homes.get(call.previous_response_id)
+        if home is None or home not in route.candidates or self.fleet.breakers[home.id].down(
+                now):
+            return route
+        return dataclasses.replace(route, candidates=(home,), degradation=None)
 
     def service_s(self, plan: Plan, deployment: Deployment) -> tuple[float, float]:
         """(expected service seconds on ``deployment``, the call's stable size in seconds)."""

@@ -9,6 +9,7 @@ size and that count, and depth is checked on the brackets alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ import orjson
 from .errors import InvalidRequest
 from .tokens import TokenCounter
 
-Kind = Literal["chat", "embeddings"]
+Kind = Literal["chat", "completions", "responses", "embeddings"]
 MAX_MODEL_NAME = 256
 MAX_CHOICES = 128  # OpenAI's own limit on ``n``
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -42,11 +43,12 @@ class Call:
     choices: int = 1  # ``n``: completions generated, each up to max_tokens
     prompt_tokens: int = 0
     last_user_message: str = ""
+    previous_response_id: str | None = None  # responses: the answer this call continues
 
     @property
     def generates(self) -> bool:
         """The call produces output tokens (else it only reads its input)."""
-        return self.kind == "chat"
+        return self.kind != "embeddings"
 
 
 def parse_call(raw: bytes, kind: Kind, limits: BodyLimits, counter: TokenCounter) -> Call:
@@ -70,32 +72,75 @@ def parse_call(raw: bytes, kind: Kind, limits: BodyLimits, counter: TokenCounter
     service_tier = body.get("service_tier")
     if service_tier is not None and not isinstance(service_tier, str):
         raise InvalidRequest("'service_tier' must be a string.", param="service_tier")
-    exact = limits.exact_token_chars
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest(
-                "'messages' is required and must be a non-empty array.", param="messages")
-        if not all(isinstance(m, dict) for m in messages):
-            raise InvalidRequest("Each message must be an object.", param="messages")
-        max_tokens = _positive_int(body, "max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = _positive_int(body, "max_tokens")
-        choices = _positive_int(body, "n", MAX_CHOICES) or 1
-        prompt = counter.count_messages(messages, exact)
-        last_user = counter.last_user_message(messages)
-    else:
-        if stream:
-            raise InvalidRequest("Embeddings cannot be streamed; leave 'stream' out.",
-                                 param="stream")
-        value = body.get("input")
-        if not isinstance(value, str | list) or not value:
-            raise InvalidRequest(
-                "'input' is required and must be a non-empty string or array.", param="input")
-        max_tokens, choices = None, 1
-        prompt, last_user = counter.count_input(value, exact), ""
-    return Call(body, kind, model, stream, max_tokens, service_tier,
-                bool(options and options.get("include_usage")), choices, prompt, last_user)
+    call = Call(body, kind, model, stream, None, service_tier,
+                bool(options and options.get("include_usage")))
+    _READERS[kind](call, counter, limits.exact_token_chars)
+    return call
+
+
+def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
+    messages = call.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(
+            "'messages' is required and must be a non-empty array.", param="messages")
+    if not all(isinstance(m, dict) for m in messages):
+        raise InvalidRequest("Each message must be an object.", param="messages")
+    call.max_tokens = (_positive_int(call.body, "max_completion_tokens")
+                       or _positive_int(call.body, "max_tokens"))
+    call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1
+    call.prompt_tokens = counter.count_messages(messages, exact)
+    call.last_user_message = counter.last_user_message(messages)
+
+
+def _completions(call: Call, counter: TokenCounter, exact: int) -> None:
+    prompt = call.body.get("prompt")
+    if not isinstance(prompt, str | list) or not prompt:
+        raise InvalidRequest(
+            "'prompt' is required and must be a non-empty string or array.", param="prompt")
+    call.max_tokens = _positive_int(call.body, "max_tokens")
+    call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1
+    call.prompt_tokens = counter.count_input(prompt, exact)
+    call.last_user_message = prompt if isinstance(prompt, str) else ""
+
+
+def _responses(call: Call, counter: TokenCounter, exact: int) -> None:
+    body = call.body
+    value, instructions = body.get("input"), body.get("instructions")
+    if value is not None and not isinstance(value, str | list):
+        raise InvalidRequest("'input' must be a string or an array.", param="input")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("'instructions' must be a string.", param="instructions")
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or len(previous) > 256):
+        raise InvalidRequest("'previous_response_id' must be a response id.",
+                             param="previous_response_id")
+    if body.get("background"):
+        raise InvalidRequest("Background responses are not supported by this proxy yet.",
+                             param="background")
+    call.max_tokens = _positive_int(body, "max_output_tokens")
+    call.previous_response_id = previous
+    items = [{"role": "user", "content": value}] if isinstance(value, str) else value or []
+    if instructions:
+        items = [{"role": "system", "content": instructions}, *items]
+    call.prompt_tokens = counter.count_messages(items, exact) if items else 0
+    call.last_user_message = counter.last_user_message(items)
+
+
+def _embeddings(call: Call, counter: TokenCounter, exact: int) -> None:
+    if call.stream:
+        raise InvalidRequest("Embeddings cannot be streamed; leave 'stream' out.",
+                             param="stream")
+    value = call.body.get("input")
+    if not isinstance(value, str | list) or not value:
+        raise InvalidRequest(
+            "'input' is required and must be a non-empty string or array.", param="input")
+    call.prompt_tokens = counter.count_input(value, exact)
+
+
+_READERS: dict[str, Callable[[Call, TokenCounter, int], None]] = {
+    "chat": _chat, "completions": _completions, "responses": _responses,
+    "embeddings": _embeddings,
+}
 
 
 def _parse_object(raw: bytes, limits: BodyLimits) -> dict[str, Any]:

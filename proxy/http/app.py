@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..config import Config, Provider
 from ..core.clock import Clock, SystemClock
+from ..core.errors import ModelNotFound
 from ..core.tokens import TokenCounter
 from . import admin, forward
 from .access import AccessLog
@@ -84,8 +85,11 @@ def build_app(
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(drain)
     app.router.add_post("/v1/chat/completions", forward.chat_completions)
+    app.router.add_post("/v1/completions", forward.completions)
+    app.router.add_post("/v1/responses", forward.responses)
     app.router.add_post("/v1/embeddings", forward.embeddings)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -97,16 +101,24 @@ def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
+def _model(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "triage-proxy"}
+
+
 async def list_models(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     service.auth.authenticate(request.headers)
-    return _json({
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "triage-proxy"}
-            for name in service.config.models
-        ],
-    })
+    return _json({"object": "list", "data": [_model(name) for name in service.config.models]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    service.auth.authenticate(request.headers)
+    name = request.match_info["model"]
+    if name not in service.config.models:
+        raise ModelNotFound(f"The model '{name[:256]}' does not exist on this proxy.",
+                            param="model")
+    return _json(_model(name))
 
 
 async def healthz(request: web.Request) -> web.Response:

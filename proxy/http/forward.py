@@ -29,13 +29,13 @@ from ..core.classify import RequestFacts, upstream_service_tier
 from ..core.errors import ShuttingDown, UpstreamError
 from ..core.fleet import Verdict
 from ..core.plan import Plan
-from ..core.request import Kind
+from ..core.request import Call, Kind
 from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from .accounting import record_usage
 from .edge import read_call, upstream_headers
-from .relay import answer_headers, relay
+from .relay import answer_headers, relay, usage_counts
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID, SERVICE
 from .upstream import UpstreamRequest, UpstreamResponse
@@ -56,6 +56,14 @@ class Exchange:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await forward(request, "/chat/completions", "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await forward(request, "/completions", "completions")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await forward(request, "/responses", "responses")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -152,7 +160,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
     plan, request = exchange.plan, exchange.request
     call = plan.call
     provider = service.config.providers[deployment.provider]
-    strip_usage = call.stream and path == "/chat/completions" and not call.wants_usage
+    # Chat and completions streams report usage only when asked: the proxy asks, and hides
+    # the answer from a client that did not. Responses streams always report it.
+    strip_usage = call.stream and call.kind in ("chat", "completions") and not call.wants_usage
     body = dict(call.body)
     body["model"] = deployment.model
     service_tier = upstream_service_tier(call.service_tier, plan.tier)
@@ -186,10 +196,11 @@ async def _send(service: Service, exchange: Exchange, path: str,
                 body=data, status=status,
                 headers=answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
                                        deployment, response))
-            usage = _usage(data) if status == 200 else {}
-            return Result(Verdict.SUCCESS, status=status,
-                          prompt_tokens=usage.get("prompt_tokens"),
-                          completion_tokens=usage.get("completion_tokens"))
+            prompt, completion, response_id = _answer_facts(data) if status == 200 else (
+                None, None, None)
+            _remember(service, call, response_id, deployment)
+            return Result(Verdict.SUCCESS, status=status, prompt_tokens=prompt,
+                          completion_tokens=completion)
         chunks = response.chunks()
         first = await anext(chunks, b"")
         if not first:
@@ -199,7 +210,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
         exchange.answer, result = await relay(
             service, request, answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
                                              deployment, response),
-            deployment, chunks, first, strip_usage, expect_done=path == "/chat/completions")
+            deployment, chunks, first, strip_usage)
+        _remember(service, call, result.response_id, deployment)
         return Result(result.verdict, status=200, committed=True,
                       prompt_tokens=result.prompt_tokens,
                       completion_tokens=result.completion_tokens, ttft_s=ttft)
@@ -228,10 +240,23 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
     return Result(Verdict.FAILURE, status=status, retry_after_s=retry_after)
 
 
-def _usage(data: bytes) -> dict[str, object]:
+def _answer_facts(data: bytes) -> tuple[object, object, str | None]:
+    """(prompt tokens, completion tokens, response id) an answer reports, where it does."""
     try:
-        usage = orjson.loads(data).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return {}
-    return usage if isinstance(usage, dict) else {}
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None, None, None
+    if not isinstance(answer, dict):
+        return None, None, None
+    usage = answer.get("usage")
+    prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
+    response_id = answer.get("id") if answer.get("object") == "response" else None
+    return prompt, completion, response_id if isinstance(response_id, str) else None
+
+
+def _remember(service: Service, call: Call, response_id: str | None,
+              deployment: Deployment) -> None:
+    """A Responses API answer: calls that continue it go where it lives."""
+    if call.kind == "responses" and response_id is not None:
+        service.engine.remember_response(response_id, deployment)
 

@@ -17,7 +17,8 @@ from .edge import client_request_id
 from .state import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID, SERVICE
 
 log = logging.getLogger(__name__)
-_PROXIED = frozenset({"/v1/chat/completions", "/v1/embeddings"})
+_PROXIED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                      "/v1/embeddings"})
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 

@@ -25,6 +25,10 @@ from .upstream import UpstreamResponse
 # for the next byte: it may be half of a CRLF).
 _BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?=[^\n]))(?:\r\n|\n|\r(?=[^\n]))")
 MAX_EVENT_BYTES = 8 << 20  # one SSE event held back whole; a larger one breaks the stream
+# A Responses API stream ends with one of these instead of [DONE].
+TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete",
+                                      "response.failed"})
+_RESPONSE_MARKS = re.compile(rb"response\.(?:created|completed|incomplete|failed)")
 
 
 class StreamTally:
@@ -41,6 +45,7 @@ class StreamTally:
         self.events = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
+        self.response_id: str | None = None
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -82,19 +87,37 @@ class StreamTally:
             self.done = True
             return True
         self.events += 1
-        if b'"usage"' not in data:
+        if b'"usage"' not in data and not _RESPONSE_MARKS.search(data):
             return True
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             return True
-        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if not isinstance(payload, dict):
+            return True
+        kind = payload.get("type")
+        if isinstance(kind, str) and kind.startswith("response."):
+            self._response_event(kind, payload.get("response"))
+            return True
+        usage = payload.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
             if self.strip_usage and not payload.get("choices"):
                 self.events -= 1
                 return False
         return True
+
+    def _response_event(self, kind: str, response: object) -> None:
+        """A Responses API stream: its id comes first, its usage with its last event."""
+        if not isinstance(response, dict):
+            return
+        if kind == "response.created" and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if kind in TERMINAL_RESPONSE_EVENTS:
+            self.done = True
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
 
 
 def event_data(event: bytes) -> bytes | None:
@@ -137,6 +160,14 @@ class Relayed:
     verdict: Verdict
     prompt_tokens: object
     completion_tokens: object
+    response_id: str | None = None
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
+    """(prompt, completion) tokens from a usage object, in Chat Completions' names or the
+    Responses API's (``input_tokens``, ``output_tokens``)."""
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
 
 
 class _ClientGone(Exception):
@@ -168,10 +199,10 @@ async def relay(
     chunks: AsyncIterator[bytes],
     first: bytes,
     strip_usage: bool,
-    expect_done: bool,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
-    With ``expect_done`` (chat completions) a stream that ends without ``[DONE]`` was cut."""
+    A stream that ends without its last event (``[DONE]``, or a Responses API stream's
+    ``response.completed``/``incomplete``/``failed``) was cut."""
     answer = web.StreamResponse(headers=headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
@@ -188,8 +219,8 @@ async def relay(
         rest = tally.finish()
         if rest:
             await _to_client(answer.write(rest), timeout_s)
-        if not tally.done and expect_done:
-            raise UpstreamBadResponse("the provider's stream ended without [DONE]")
+        if not tally.done:
+            raise UpstreamBadResponse("the provider's stream ended before its last event")
         await _to_client(answer.write_eof(), timeout_s)
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
@@ -221,8 +252,7 @@ async def relay(
         request[RECORD].code = "client_gone"
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
         _hang_up(request)
-    usage = tally.usage or {}
-    completion = usage.get("completion_tokens")
+    prompt, completion = usage_counts(tally.usage or {})
     if completion is None:
         completion = max(tally.events - 2, 0)  # content events, less the role and stop ones
-    return answer, Relayed(verdict, usage.get("prompt_tokens"), completion)
+    return answer, Relayed(verdict, prompt, completion, tally.response_id)
