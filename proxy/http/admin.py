@@ -3,17 +3,21 @@ the admin key when ``admin.key`` is configured, else loopback clients only."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from aiohttp_sse import sse_response
 
 from ..core.errors import AdminLoopbackOnly, InvalidAdminKey
 from .auth import bearer
 from .dashboard import DASHBOARD_HTML
 from .edge import is_loopback, secret_digest
-from .state import SERVICE
+from .service import Service
+from .state import LIFECYCLE, SERVICE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,6 +61,89 @@ async def dashboard(request: web.Request) -> web.StreamResponse:
     return web.Response(text=DASHBOARD_HTML, content_type="text/html")
 
 
+def throttles(service: Service) -> dict[str, int]:
+    """Upstream 429s per provider since the start (``proxy_upstream_attempts_total`` with
+    ``outcome="throttle"``)."""
+    counts = dict.fromkeys(service.config.providers, 0)
+    for family in service.metrics.attempts.metric.collect():
+        for series in family.samples:
+            if series.name.endswith("_total") and series.labels["outcome"] == "throttle":
+                counts[series.labels["provider"]] = int(series.value)
+    return counts
+
+
+def live_event(service: Service, now: float, after: int | None) -> dict[str, object]:
+    """What the dashboard shows, all of it: ``/admin/status`` as it is now, the 429s, the
+    usage and the rejections, and the history's seconds after ``after`` (all of them when
+    ``after`` is None)."""
+    live = service.live
+    return {
+        "t": math.floor(now), "window_s": live.window_s, "status": service.status(),
+        "throttles": throttles(service), "points": live.points(now, after),
+        "usage": live.usage(), "rejections": live.rejections(),
+    }
+
+
+@admin
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: a ``snapshot`` (``live_event``) at once, with the whole history,
+    then one a second with the seconds since. Ends when the proxy starts draining."""
+    service, lifecycle = request.app[SERVICE], request.app[LIFECYCLE]
+    after: int | None = None
+    async with sse_response(request, send_timeout=10) as stream:
+        while not (lifecycle.draining or service.live.stopped):
+            now = service.clock.now()
+            event = live_event(service, now, after)
+            try:
+                await stream.send(orjson.dumps(event).decode(), event="snapshot")
+            except (ConnectionError, TimeoutError):
+                break  # the dashboard went away or stopped reading
+            after = math.floor(now) - 1
+            await service.live.next_sample()
+    return stream
+
+
+@admin
+async def history(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    return web.Response(body=orjson.dumps(live_event(service, service.clock.now(), None)),
+                        content_type="application/json")
+
+
+def sample(service: Service) -> None:
+    scheduler = service.scheduler
+    service.live.sample(
+        service.clock.now(),
+        {name: scheduler.depth(i) for i, name in enumerate(service.config.tier_names)},
+        {name: scheduler.inflight(name) for name in service.config.providers},
+    )
+
+
+async def sampling(app: web.Application) -> AsyncIterator[None]:
+    """Once a second for as long as the app runs: queue depths and calls in flight into
+    the live history (so a dashboard opened later draws the minutes before it)."""
+    service = app[SERVICE]
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
+
+    def tick() -> None:
+        nonlocal timer
+        sample(service)
+        timer = loop.call_later(1.001 - service.clock.now() % 1.0, tick)  # just past a second
+
+    tick()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        service.live.stop()
+
+
 def add_routes(app: web.Application) -> None:
+    """The admin routes and the dashboard's 1 Hz sampler (after the service is built)."""
     app.router.add_get("/admin/status", status)
+    app.router.add_get("/admin/events", events)
+    app.router.add_get("/admin/history", history)
     app.router.add_get("/dashboard", dashboard)
+    app.cleanup_ctx.append(sampling)
