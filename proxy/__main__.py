@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(
             config, access_log=dataclasses.replace(config.access_log, enabled=True))
     try:
-        run(config, host, port)
+        run(config, host, port, args.config)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -80,6 +80,13 @@ class Breaker:
         self._since = -math.inf
         self.opened_count = 0
 
+    def retune(self, settings: BreakerSettings) -> None:
+        """New settings (a reload): the state is kept; a new window length starts the
+        window's counts over."""
+        if settings.window_s != self.settings.window_s:
+            self._window = RollingCounts(settings.window_s)
+        self.settings = settings
+
     def state(self, now: float) -> State:
         if self._state is State.OPEN and now >= self._open_until:
             self._probes_left = self.settings.half_open_probes

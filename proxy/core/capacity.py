@@ -155,6 +155,13 @@ class Capacity:
         gate = self.gates[deployment] = Gate(deployment, owner)
         owner.deployments.append(gate)
 
+    def retier(self, tiers: int) -> None:
+        """A new number of tiers: every pool's calls per tier start from zero (the caller
+        counts the running calls in again)."""
+        self._tiers = tiers
+        for pool in self.pools.values():
+            pool.running = [0] * tiers
+
     def known_pool(self, pool: str) -> str:
         if pool not in self.pools:
             raise ValueError(f"unknown provider {pool!r}")

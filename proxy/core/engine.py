@@ -64,8 +64,7 @@ class Engine:
         self.estimate = estimate or EstimateSettings()
         self.rng = rng or random.Random()
         deployments = [d for route in models.values() for d in route.candidates]
-        self._output_caps = {name: max((d.max_output_tokens for d in route.candidates),
-                                       default=0) for name, route in models.items()}
+        self._output_caps = self._caps(models)
         self.scheduler = Scheduler(
             scheduler, {name: p.max_concurrency for name, p in providers.items()},
             {d.id: d.provider for d in deployments},
@@ -80,6 +79,40 @@ class Engine:
             seconds_per_token_prior=priors.seconds_per_token,
             prefill_seconds_per_token=priors.prefill_seconds_per_token,
         )
+
+    def reconfigure(
+        self,
+        *,
+        scheduler: SchedulerSettings,
+        classify: ClassifySettings,
+        providers: Mapping[str, Provider],
+        models: Mapping[str, ModelRoute],
+        principals: Iterable[Principal],
+        retry: RetrySettings,
+        estimate: EstimateSettings,
+        now: float,
+    ) -> None:
+        """A new configuration for new calls (a reload); calls queued or running keep their
+        plans. A queued or running call whose tier is gone moves to the new default tier.
+        Providers, breakers, buckets, estimators and response homes are kept for whatever
+        still exists; a provider that left stays known (``providers`` here may omit it)
+        until nothing refers to it, so the calls still on it finish there."""
+        self.providers = {**self.providers, **providers}
+        tier_map = [classify.tier_names.index(name) if name in classify.tier_names
+                    else classify.default_tier for name in self.tier_names]
+        deployments = [d for route in models.values() for d in route.candidates]
+        self.scheduler.reconfigure(
+            scheduler, {name: p.max_concurrency for name, p in providers.items()},
+            {d.id: d.provider for d in deployments}, tier_map, now)
+        self.fleet.reconfigure(self.providers, deployments, principals, retry.budget)
+        self.settings, self.classify, self.models = scheduler, classify, models
+        self.retry, self.estimate = retry, estimate
+        self._output_caps = self._caps(models)
+
+    @staticmethod
+    def _caps(models: Mapping[str, ModelRoute]) -> dict[str, int]:
+        return {name: max((d.max_output_tokens for d in route.candidates), default=0)
+                for name, route in models.items()}
 
     @property
     def tier_names(self) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ├── InvalidApiKey         401 invalid_api_key
     ├── InvalidAdminKey       401 invalid_admin_key (/admin/* with admin.key configured)
     ├── AdminLoopbackOnly     403 admin_loopback_only (/admin/* from afar, no admin.key)
+    ├── InvalidConfig         400 invalid_config (a reload found the file invalid)
     ├── ModelNotFound         404 model_not_found
     ├── RequestTooLarge       413 request_too_large
     ├── RateLimited           429 rate_limit_exceeded
@@ -92,6 +93,13 @@ class InvalidAdminKey(ProxyError):
     retryable = False
     type = "invalid_request_error"
     code = "invalid_admin_key"
+
+
+class InvalidConfig(ProxyError):
+    status = 400
+    retryable = False
+    type = "invalid_request_error"
+    code = "invalid_config"
 
 
 class AdminLoopbackOnly(ProxyError):

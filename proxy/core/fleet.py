@@ -67,20 +67,47 @@ class Fleet:
         on_transition: TransitionHook | None = None,
     ) -> None:
         self._scheduler = scheduler
-        self._providers = providers
+        self._rng = rng
         self._on_transition = on_transition
         self.breakers: dict[str, Breaker] = {}
-        for deployment in deployments:
-            if deployment.id not in self.breakers:
-                self.breakers[deployment.id] = Breaker(
-                    providers[deployment.provider].breaker, rng, self._hook(deployment))
-        self.budgets = {name: RetryBudget(ratio=retry_budget) for name in providers}
-        self.limits = {name: ProviderLimits(p.rpm, p.tpm) for name, p in providers.items()}
+        self.budgets: dict[str, RetryBudget] = {}
+        self.limits: dict[str, ProviderLimits] = {}
+        self.key_limits: dict[str, ProviderLimits] = {}
         self._throttles: dict[str, int] = {}
-        self.key_limits = {
-            p.name: ProviderLimits(p.rpm, p.tpm)
-            for p in principals if p.rpm is not None or p.tpm is not None
-        }
+        self.reconfigure(providers, deployments, principals, retry_budget)
+
+    def reconfigure(self, providers: Mapping[str, Provider], deployments: Iterable[Deployment],
+                    principals: Iterable[Principal], retry_budget: float) -> None:
+        """Providers, deployments and keys as configured now. What exists already keeps its
+        state (breakers, retry budgets, rpm/tpm buckets whose limits did not change);
+        nothing is forgotten, so a call still running on a provider that left the config
+        finishes with it. ``providers`` must name every provider ever configured."""
+        self._providers = providers
+        for deployment in deployments:
+            settings = providers[deployment.provider].breaker
+            breaker = self.breakers.get(deployment.id)
+            if breaker is None:
+                self.breakers[deployment.id] = Breaker(settings, self._rng,
+                                                       self._hook(deployment))
+            else:
+                breaker.retune(settings)
+        for name, provider in providers.items():
+            budget = self.budgets.setdefault(name, RetryBudget(ratio=retry_budget))
+            budget.ratio = retry_budget
+            self._keep_limits(self.limits, name, provider.rpm, provider.tpm)
+        for principal in principals:
+            if principal.rpm is not None or principal.tpm is not None:
+                self._keep_limits(self.key_limits, principal.name, principal.rpm,
+                                  principal.tpm)
+            else:
+                self.key_limits.pop(principal.name, None)
+
+    @staticmethod
+    def _keep_limits(buckets: dict[str, ProviderLimits], name: str, rpm: int | None,
+                     tpm: int | None) -> None:
+        found = buckets.get(name)
+        if found is None or found.rates != (rpm, tpm):
+            buckets[name] = ProviderLimits(rpm, tpm)
 
     def down(self, deployment: str, now: float) -> bool:
         """The deployment's breaker is open (half-open counts as up: probes may go)."""

@@ -173,6 +173,7 @@ class ProviderLimits:
         max_pause_s: float = 120.0,
         default_reset_s: float = 1.0,
     ) -> None:
+        self.rates = (rpm, tpm)
         self.requests = None if rpm is None else TokenBucket(rpm)
         self.tokens = None if tpm is None else TokenBucket(tpm)
         self.max_pause_s = max_pause_s

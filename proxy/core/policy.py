@@ -54,7 +54,7 @@ class Policy:
         self._share = share
         self._headroom = headroom
         self._served: dict[str, list[float | None]] = {}  # per provider, per tier
-        self._mean: dict[str, float] = {}  # per provider
+        self.means: dict[str, float] = {}  # mean service seconds, per provider
 
     def choose(self, pool: Pool, now: float) -> Choice | None:
         """The call ``pool``'s next free slot goes to, with its gate; None: none may have it
@@ -159,18 +159,18 @@ class Policy:
         never more than ``CLAIM_FACTOR`` times the provider's mean (the longest level's
         bound until a mean is known), so a call that lies about its size cannot borrow
         against its tier's share or the headroom."""
-        typical = self._mean.get(pool)
+        typical = self.means.get(pool)
         cap = (self.settings.level_bounds_s[-1] if typical is None
                else CLAIM_FACTOR * max(typical, 1.0))
         return min(ticket.est_service_s, cap)
 
     def mean_service(self, pool: str) -> float | None:
-        return self._mean.get(pool)
+        return self.means.get(pool)
 
     def served(self, pool: str, tier: int, service_s: float) -> None:
         """A call of ``tier`` held a slot of ``pool`` for ``service_s``."""
-        old = self._mean.get(pool, service_s)
-        self._mean[pool] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
+        old = self.means.get(pool, service_s)
+        self.means[pool] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
         per_tier = self._served.setdefault(pool, [None] * len(self._tiers))
         seen = per_tier[tier]
         per_tier[tier] = (service_s if seen is None

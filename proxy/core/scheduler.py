@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .capacity import Capacity, Gate, Pool
 from .headroom import Headroom
@@ -53,16 +53,24 @@ class Scheduler:
                  deployments: Mapping[str, str] | None = None) -> None:
         """``pools``: provider -> max_concurrency. ``deployments``: deployment id -> its
         provider; a provider's own name also stands for a deployment of it."""
-        self._settings = settings
-        self._tiers = settings.tiers
-        count = len(settings.tiers)
-        self._capacity = Capacity(count)
+        self._capacity = Capacity(len(settings.tiers))
         self._pools = self._capacity.pools
         self._gates = self._capacity.gates
         for name, limit in pools.items():
             self._capacity.add_pool(name, limit)
         for deployment, pool in (deployments or {}).items():
             self._capacity.add_gate(deployment, pool)
+        self._build(settings)
+        self._out = Decisions()
+        self._next_order = 0
+        self._running: dict[Ticket, None] = {}  # holding a slot
+        self._tier_maps: list[Sequence[int]] = []  # per reload: old tier -> new tier
+
+    def _build(self, settings: SchedulerSettings) -> None:
+        """The queues and the policy's state for ``settings`` (empty: nothing queued)."""
+        self._settings = settings
+        self._tiers = settings.tiers
+        count = len(settings.tiers)
         promote = settings.tier_promote_after_s
         self._queues = TicketQueues(
             count, settings.levels, settings.promote_after_s,
@@ -73,8 +81,51 @@ class Scheduler:
         self._headroom = Headroom(count, settings.headroom_scale, settings.headroom_horizon_s)
         self._share = FairShare([t.weight for t in settings.tiers])
         self._policy = Policy(settings, self._queues, self._share, self._headroom)
-        self._out = Decisions()
-        self._next_order = 0
+
+    def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
+                    deployments: Mapping[str, str], tier_map: Sequence[int],
+                    now: float) -> None:
+        """A new configuration (a reload), without losing a call: ``tier_map[i]`` is the new
+        index of old tier ``i``. Queued calls keep their place in arrival order, their
+        deadline, level and candidates; calls holding a slot keep it. Providers and
+        deployments are only ever added (one a queued or running call names stays until
+        it is done, and keeps its state: limit, pauses, breaker gates); ``pools`` sets the
+        configured maximum of each. The fair-share and headroom history starts over;
+        providers' mean service times are kept."""
+        if len(tier_map) != len(self._tiers) or not all(
+                0 <= t < len(settings.tiers) for t in tier_map):
+            raise ValueError("tier_map must give every old tier a new one")
+        queued = list(self._queues)
+        means = self._policy.means
+        self._build(settings)
+        self._policy.means.update(means)
+        self._capacity.retier(len(settings.tiers))
+        self._tier_maps.append(tuple(tier_map))
+        for ticket in [*queued, *self._running]:
+            self._current(ticket)
+        for ticket in self._running:
+            assert ticket.pool is not None
+            self._pools[ticket.pool].running[ticket.current_tier] += 1
+        for name, limit in pools.items():
+            if name not in self._pools:
+                self._capacity.add_pool(name, limit)
+            self._pools[name].set_max(limit, now)
+        for deployment, pool in deployments.items():
+            self._capacity.add_gate(deployment, pool)
+        for ticket in queued:
+            self._queues.add(ticket)
+        self._fill_all(now)
+
+    def _current(self, ticket: Ticket) -> None:
+        """Bring a ticket's tiers and level up to the configuration in force (a ticket
+        released before a reload comes back after it, e.g. to be re-tried)."""
+        while ticket.generation < len(self._tier_maps):
+            tier_map = self._tier_maps[ticket.generation]
+            ticket.tier = tier_map[ticket.tier]
+            ticket.ceiling = min(tier_map[ticket.ceiling], ticket.tier)
+            ticket.current_tier = max(tier_map[ticket.current_tier], ticket.ceiling)
+            ticket.generation += 1
+        ticket.level = min(ticket.level, self._settings.levels - 1)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -82,6 +133,10 @@ class Scheduler:
         """Queue a call (again, for one whose slot came back: it keeps its arrival, tier,
         level and deadline); it gets a slot at once if one is free and nothing more
         deserving waits for it."""
+        if ticket.state is TicketState.NEW:
+            ticket.generation = len(self._tier_maps)
+        else:
+            self._current(ticket)
         first = self._check(ticket)
         if first:
             spec = self._tiers[ticket.tier]
@@ -150,6 +205,7 @@ class Scheduler:
         gate.inflight -= 1
         pool.running[ticket.current_tier] -= 1
         ticket.state = TicketState.RELEASED
+        del self._running[ticket]
         delta = 0.0
         if not used:
             delta = -ticket.charged_s
@@ -343,6 +399,7 @@ class Scheduler:
         pool.inflight += 1
         gate.inflight += 1
         pool.running[tier] += 1
+        self._running[ticket] = None
         ticket.charged_s = self._policy.claim(pool.name, ticket)
         self._share.charge(tier, ticket.charged_s)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))

@@ -146,6 +146,7 @@ class Ticket:
     queued_at: float = field(init=False, default=math.nan)  # start of this pass
     charged_s: float = field(init=False, default=0.0)  # to its fair share, until released
     waited_s: float = field(init=False, default=0.0)  # queued time over every pass
+    generation: int = field(init=False, default=0)  # the configuration its tiers index
 
     def validate(self, tiers: int) -> None:
         """Refuse a submission that makes no sense (ValueError)."""

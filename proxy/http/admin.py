@@ -17,7 +17,7 @@ from .auth import bearer
 from .dashboard import DASHBOARD_HTML
 from .edge import is_loopback, secret_digest
 from .service import Service
-from .state import LIFECYCLE, SERVICE
+from .state import LIFECYCLE, RELOADER, SERVICE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,6 +85,13 @@ def live_event(service: Service, now: float, after: int | None) -> dict[str, obj
 
 
 @admin
+async def reload(request: web.Request) -> web.StreamResponse:
+    """Re-read the config file: 200 with its version, or 400 with where it is wrong."""
+    answer = await request.app[RELOADER].reload(request.app[SERVICE])
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+
+@admin
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: a ``snapshot`` (``live_event``) at once, with the whole history,
     then one a second with the seconds since. Ends when the proxy starts draining."""
@@ -143,6 +150,7 @@ async def sampling(app: web.Application) -> AsyncIterator[None]:
 def add_routes(app: web.Application) -> None:
     """The admin routes and the dashboard's 1 Hz sampler (after the service is built)."""
     app.router.add_get("/admin/status", status)
+    app.router.add_post("/admin/reload", reload)
     app.router.add_get("/admin/events", events)
     app.router.add_get("/admin/history", history)
     app.router.add_get("/dashboard", dashboard)

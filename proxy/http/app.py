@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import IO
 
 import aiohttp
@@ -18,9 +19,10 @@ from . import admin, forward
 from .access import AccessLog
 from .drain import Lifecycle
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
+from .reload import Reloader
 from .service import Service
 from .simulated import SimulatedUpstream
-from .state import ACCESS_LOG, LIFECYCLE, SERVICE
+from .state import ACCESS_LOG, LIFECYCLE, RELOADER, SERVICE
 from .upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,10 @@ def build_app(
     counter: TokenCounter | None = None,
     upstream_factory: UpstreamFactory = default_upstream,
     access_stream: IO[str] | None = None,
+    config_path: str | Path | None = None,
 ) -> web.Application:
-    """``access_stream``: where the access log goes when the config turns it on (stdout)."""
+    """``access_stream``: where the access log goes when the config turns it on (stdout);
+    ``config_path``: the file a reload reads again."""
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes
     )
@@ -56,6 +60,7 @@ def build_app(
         app[ACCESS_LOG] = AccessLog(settings.format, access_stream)
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_IDS] = RequestIds()
+    app[RELOADER] = Reloader(config_path)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
@@ -67,7 +72,8 @@ def build_app(
                 name: upstream_factory(p, session) for name, p in config.providers.items()
             }
             service = Service(config, upstreams, clock or SystemClock(),
-                              counter or TokenCounter.load())
+                              counter or TokenCounter.load(),
+                              make_upstream=lambda p: upstream_factory(p, session))
             app[SERVICE] = service
             service.apply_schedule()
             yield
@@ -77,7 +83,8 @@ def build_app(
     async def drain(app: web.Application) -> None:
         # Runs once the listener has stopped and before aiohttp itself waits for handlers:
         # calls in flight finish, queued calls that still fit start, within the timeout.
-        service, timeout = app[SERVICE], config.drain_timeout_s
+        service = app[SERVICE]
+        timeout = service.config.drain_timeout_s
         app[LIFECYCLE].draining = True
         service.admission.drain(service.clock.now() + timeout)
         await app[LIFECYCLE].drain(timeout)

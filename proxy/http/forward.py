@@ -159,7 +159,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
     """One upstream attempt, relayed to the client if it succeeds."""
     plan, request = exchange.plan, exchange.request
     call = plan.call
-    provider = service.config.providers[deployment.provider]
+    provider = service.engine.providers[deployment.provider]
     # Chat and completions streams report usage only when asked: the proxy asks, and hides
     # the answer from a client that did not. Responses streams always report it.
     strip_usage = call.stream and call.kind in ("chat", "completions") and not call.wants_usage

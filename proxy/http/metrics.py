@@ -17,6 +17,11 @@ class Family(Generic[M]):
         self.metric: M = metric
         self._children: dict[tuple[str, ...], M] = {}
 
+    def clear(self) -> None:
+        """Drop every child (their label values are no longer configured)."""
+        self.metric.clear()
+        self._children.clear()
+
     def get(self, *labels: str) -> M:
         child = self._children.get(labels)
         if child is None:
@@ -77,6 +82,10 @@ class Metrics:
         self.estimate_error = Family(Histogram(
             "proxy_estimate_relative_error", "|predicted - actual| / actual, by quantity.",
             ["quantity"], buckets=ERROR_BUCKETS, registry=r,
+        ))
+        self.reloads = Family(Counter(
+            "proxy_config_reloads", "Config reloads, by result (ok, error).", ["result"],
+            registry=r,
         ))
         self.stream_errors = Family(Counter(
             "proxy_stream_errors", "Streams ended with an error event after the first byte.",

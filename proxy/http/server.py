@@ -11,9 +11,10 @@ import signal
 from aiohttp import web
 
 from ..config import Config
+from ..core.errors import InvalidConfig
 from .app import build_app
 from .edge import is_loopback
-from .state import LIFECYCLE
+from .state import LIFECYCLE, RELOADER, SERVICE
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,20 @@ log = logging.getLogger(__name__)
 AIOHTTP_GRACE_S = 5.0
 
 
-async def serve(config: Config, host: str, port: int) -> None:
-    app = build_app(config)
+async def reload_on_signal(app: web.Application) -> None:
+    """SIGHUP: reload, and say how it went in the log (there is no one to answer)."""
+    try:
+        answer = await app[RELOADER].reload(app[SERVICE])
+    except InvalidConfig:
+        return  # logged, and shown in /admin/status as config.last_error
+    except Exception:
+        log.exception("reload failed")
+        return
+    log.info("SIGHUP: %s", answer)
+
+
+async def serve(config: Config, host: str, port: int, config_path: str | None = None) -> None:
+    app = build_app(config, config_path=config_path)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
     # the proxy's own (one line per call, however it ends), not aiohttp's.
@@ -46,6 +59,14 @@ async def serve(config: Config, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_sighup() -> None:
+        task = asyncio.ensure_future(reload_on_signal(app))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
         await stop.wait()
     finally:
@@ -58,15 +79,15 @@ async def serve(config: Config, host: str, port: int) -> None:
         try:
             await runner.cleanup()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(sig)
 
 
-def run(config: Config, host: str, port: int) -> None:
+def run(config: Config, host: str, port: int, config_path: str | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config, host, port, config_path))
     else:
-        uvloop.run(serve(config, host, port))
+        uvloop.run(serve(config, host, port, config_path))

@@ -4,12 +4,13 @@ engine, and around it the metrics, upstreams and timers of the aiohttp driver.""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import random
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from ..config import Config
+from ..config import Config, Provider
 from ..core.breaker import State
 from ..core.clock import Clock
 from ..core.engine import Engine
@@ -34,13 +35,19 @@ class Service:
         counter: TokenCounter,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
+        make_upstream: Callable[[Provider], Upstream] | None = None,
     ) -> None:
+        """``make_upstream``: builds the upstream of a provider a reload adds or changes."""
         self.config = config
         self.clock = clock
         self.counter = counter
-        self.upstreams = upstreams
+        self.upstreams = dict(upstreams)
+        self._make_upstream = make_upstream
+        self._replaced: list[Upstream] = []  # closed at the end: calls may still use them
         self.metrics = metrics or Metrics()
         self.live = LiveStats()
+        self.loaded_at = clock.wall()
+        self.last_error: str | None = None
         self.auth = Authenticator(config.keys, config.auth_required)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
@@ -52,17 +59,55 @@ class Service:
         self.admission = Admission(self.scheduler, clock)
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
+        self._gauges()
+
+    def _gauges(self) -> None:
+        """Gauges read from the scheduler, for the configured tiers and providers."""
+        metrics, config, now = self.metrics, self.config, self.clock.now()
+        for family in (metrics.queue_depth, metrics.inflight, metrics.limit):
+            family.clear()
         for route in config.models.values():
             for deployment in route.candidates:
-                self.metrics.breaker_state.get(deployment.provider, deployment.id).set(0)
+                state = self.engine.fleet.breakers[deployment.id].state(now)
+                metrics.breaker_state.get(deployment.provider, deployment.id).set(
+                    BREAKER_GAUGE[state])
         for index, tier in enumerate(config.tiers):
-            self.metrics.queue_depth.get(tier.name).set_function(
+            metrics.queue_depth.get(tier.name).set_function(
                 functools.partial(self.scheduler.depth, index))
         for name in config.providers:
-            self.metrics.inflight.get(name).set_function(
+            metrics.inflight.get(name).set_function(
                 functools.partial(self.scheduler.inflight, name))
-            self.metrics.limit.get(name).set_function(
+            metrics.limit.get(name).set_function(
                 functools.partial(self.scheduler.capacity, name))
+
+    def reconfigure(self, config: Config) -> None:
+        """Serve ``config`` from now on (a reload), without failing a queued or running
+        call: they keep their plans, routes and deadlines (``Engine.reconfigure``). A
+        provider whose settings changed gets a new upstream for the calls sent from now;
+        one that left keeps its upstream for the calls still bound to it."""
+        now = self.clock.now()
+        old = self.engine.providers
+        for name, provider in config.providers.items():
+            if old.get(name) != provider or name not in self.upstreams:
+                if self._make_upstream is None:
+                    raise RuntimeError("this service cannot build upstreams")
+                if name in self.upstreams:
+                    self._replaced.append(self.upstreams[name])
+                self.upstreams[name] = self._make_upstream(provider)
+        self.engine.reconfigure(
+            scheduler=config.scheduler, classify=config.classify, providers=config.providers,
+            models=config.models, principals=[k.principal for k in config.keys],
+            retry=config.retry, estimate=config.estimate, now=now)
+        self.config = config
+        self.auth = Authenticator(config.keys, config.auth_required)
+        self.loaded_at, self.last_error = self.clock.wall(), None
+        self._gauges()
+        if self._schedule_timer is not None:
+            self._schedule_timer.cancel()
+            self._schedule_timer = None
+        self.schedule = None
+        self.apply_schedule()
+        self.admission.settle()
 
     def _breaker_moved(self, deployment: Deployment, old: State, new: State) -> None:
         self.metrics.breaker_state.get(deployment.provider, deployment.id).set(
@@ -95,6 +140,12 @@ class Service:
         providers = scheduler["providers"]
         assert isinstance(providers, dict)
         return {
+            "config": {
+                "version": self.config.version,
+                "loaded_at": datetime.datetime.fromtimestamp(
+                    self.loaded_at, datetime.UTC).isoformat(timespec="seconds"),
+                "last_error": self.last_error,
+            },
             "schedule": None if self.schedule is None else self.schedule.name,
             "scheduler": scheduler,
             "breakers": {key: b.snapshot(now) for key, b in fleet.breakers.items()},
@@ -119,5 +170,5 @@ class Service:
         if self._schedule_timer is not None:
             self._schedule_timer.cancel()
         self.admission.close()
-        for upstream in self.upstreams.values():
+        for upstream in [*self.upstreams.values(), *self._replaced]:
             await upstream.close()

@@ -6,10 +6,12 @@ from aiohttp import web
 
 from .access import AccessLog, CallRecord
 from .drain import Lifecycle
+from .reload import Reloader
 from .service import Service
 
 SERVICE = web.AppKey("service", Service)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+RELOADER = web.AppKey("reloader", Reloader)
 REQUEST_ID = web.RequestKey("request_id", str)
 RECORD = web.RequestKey("record", CallRecord)
 ACCESS_LOG = web.AppKey("access_log", AccessLog)  # set only when the access log is on
