@@ -9,6 +9,7 @@ import zoneinfo
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from ..core.budgets import PERIODS, Budget
 from ..core.classify import ClassifySettings, Principal, Rule
 from ..core.schedules import Schedule
 from .reader import UNSET, Node, fail
@@ -91,6 +92,7 @@ def parse_classify(
             fail(path, "needs exactly one of 'key' or 'key_sha256'")
         rpm = key_node.optional_integer("rpm", minimum=1)
         tpm = key_node.optional_integer("tpm", minimum=1)
+        budget = _budget(key_node.node("budget_usd")) if key_node.has("budget_usd") else None
         if key_node.has("key"):
             secret = key_node.secret("key")
             if secret is UNSET or (secret == "" and "${" in str(key_node.raw("key"))):
@@ -108,13 +110,22 @@ def parse_classify(
             fail(path, "the same key is listed twice")
         keys.append(ApiKey(digest, Principal(
             name=name, tier=tier, max_tier=max_tier,
-            rpm=rpm, tpm=tpm,
+            rpm=rpm, tpm=tpm, budget=budget,
         )))
         key_node.check_unknown()
     rules = tuple(_rule(path, rule_node, names, declared, models)
                   for path, rule_node in node.items("rules"))
     node.check_unknown()
     return tuple(keys), ClassifySettings(tier_names=names, default_tier=default_tier, rules=rules)
+
+
+def _budget(node: Node) -> Budget:
+    amount = node.number("amount", positive=True)
+    period = node.string("period", required=True)
+    if period not in PERIODS:
+        fail(node.sub("period"), f"must be one of {', '.join(PERIODS)}")
+    node.check_unknown()
+    return Budget(amount, period)
 
 
 def _rule(

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .budgets import Budget
+
 ANY_VALUE = "*"
 """A header value pattern that matches any value, as long as the header is present."""
 
@@ -42,6 +44,7 @@ class Principal:
     max_tier: int = 0
     rpm: int | None = None  # past these: 429 rate_limit_exceeded
     tpm: int | None = None
+    budget: Budget | None = None  # past it: 429 budget_exceeded
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ├── ModelNotFound         404 model_not_found
     ├── RequestTooLarge       413 request_too_large
     ├── RateLimited           429 rate_limit_exceeded
+    ├── BudgetExceeded        429 budget_exceeded (the key's budget_usd is spent)
     ├── Overloaded            503 (retry-after set)
     │   ├── QueueFull             queue_full
     │   ├── Evicted               evicted
@@ -127,6 +128,13 @@ class RateLimited(ProxyError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(ProxyError):
+    status = 429
+    retryable = False  # not before the period ends: retry-after says when
+    type = "insufficient_quota"
+    code = "budget_exceeded"
 
 
 class Overloaded(ProxyError):

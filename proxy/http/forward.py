@@ -26,7 +26,7 @@ from ..core.attempts import (
     Wait,
 )
 from ..core.classify import RequestFacts, upstream_service_tier
-from ..core.errors import ShuttingDown, UpstreamError
+from ..core.errors import BudgetExceeded, ShuttingDown, UpstreamError
 from ..core.fleet import Verdict
 from ..core.plan import Plan
 from ..core.request import Call, Kind
@@ -88,6 +88,7 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     )
     plan = service.engine.plan(call, facts, principal, arrived)
     record.tier = plan.tier_name
+    _within_budget(service, principal.name)
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     lifecycle = request.app[LIFECYCLE]
     try:
@@ -106,6 +107,15 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
         service.admission.settle()
+
+
+def _within_budget(service: Service, key: str) -> None:
+    wait_s = service.budgets.refused_for(key, service.clock.wall())
+    if wait_s is not None:
+        budget = service.budgets.budgets[key]
+        raise BudgetExceeded(
+            f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
+            f"{budget.period}.", retry_after=wait_s)
 
 
 async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamResponse:
@@ -133,6 +143,11 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 now = service.clock.now()
                 command = attempts.finished(result, now)
                 record.upstream_s, record.ttft_s = now - sent, result.ttft_s
+                labels = (deployment.provider, deployment.id, exchange.plan.call.model)
+                if result.verdict is not Verdict.ABANDONED:
+                    service.metrics.upstream_latency.get(*labels).observe(now - sent)
+                if result.ttft_s is not None:
+                    service.metrics.ttft.get(*labels).observe(result.ttft_s)
                 if isinstance(command, Done) and attempts.usage is not None:
                     usage = attempts.usage
                     record.prompt_tokens = usage.prompt_tokens

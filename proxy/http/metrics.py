@@ -31,6 +31,7 @@ class Family(Generic[M]):
 
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 ERROR_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 
 
 class Metrics:
@@ -49,7 +50,7 @@ class Metrics:
             "proxy_queue_depth", "Calls waiting, by tier.", ["tier"], registry=r,
         ))
         self.rejections = Family(Counter(
-            "proxy_rejections", "Calls refused by the scheduler, by tier and reason.",
+            "proxy_rejections", "Calls refused (429, 503), by tier and code.",
             ["tier", "code"], registry=r,
         ))
         self.inflight = Family(Gauge(
@@ -71,6 +72,18 @@ class Metrics:
             "proxy_breaker_transitions", "Breaker transitions, by deployment and new state.",
             ["deployment", "state"], registry=r,
         ))
+        self.upstream_latency = Family(Histogram(
+            "proxy_upstream_latency_seconds",
+            "Upstream attempts from send to the end of the answer, by provider, deployment "
+            "and public model.", ["provider", "deployment", "model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        ))
+        self.ttft = Family(Histogram(
+            "proxy_upstream_ttft_seconds",
+            "Streams' time to the first byte from the upstream, by provider, deployment and "
+            "public model.", ["provider", "deployment", "model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        ))
         self.tokens = Family(Counter(
             "proxy_tokens", "Tokens, by provider and kind (prompt, completion).",
             ["provider", "kind"], registry=r,
@@ -82,6 +95,22 @@ class Metrics:
         self.estimate_error = Family(Histogram(
             "proxy_estimate_relative_error", "|predicted - actual| / actual, by quantity.",
             ["quantity"], buckets=ERROR_BUCKETS, registry=r,
+        ))
+        self.cache_lookups = Family(Counter(
+            "proxy_cache_lookups", "Response cache lookups, by public model and result "
+            "(hit, miss).", ["model", "result"], registry=r,
+        ))
+        self.cache_entries = Family(Gauge(
+            "proxy_cache_entries", "Answers held in the response cache, by public model.",
+            ["model"], registry=r,
+        ))
+        self.budget_spent = Family(Gauge(
+            "proxy_budget_spent_usd", "Spend of keys with a budget_usd in the current period.",
+            ["key"], registry=r,
+        ))
+        self.budget_limit = Family(Gauge(
+            "proxy_budget_usd", "The budget_usd amount of each key that has one.", ["key"],
+            registry=r,
         ))
         self.reloads = Family(Counter(
             "proxy_config_reloads", "Config reloads, by result (ok, error).", ["result"],

@@ -82,7 +82,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         raise
     except ProxyError as exc:
         status, record.code = exc.status, exc.code
-        if record.tier is not None and exc.status == 503:
+        if record.tier is not None and exc.status in (429, 503):
             service.metrics.rejections.get(record.tier, exc.code).inc()
         return error_response(exc, request_id, record.tier)
     except web.HTTPException as exc:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from ..config import Config, Provider
 from ..core.breaker import State
+from ..core.budgets import Budget, Budgets
 from ..core.clock import Clock
 from ..core.engine import Engine
 from ..core.route import Deployment
@@ -24,6 +25,10 @@ from .metrics import Metrics
 from .upstream import Upstream
 
 BREAKER_GAUGE = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
+
+
+def budgets_of(config: Config) -> dict[str, Budget]:
+    return {k.name: k.principal.budget for k in config.keys if k.principal.budget is not None}
 
 
 class Service:
@@ -49,6 +54,7 @@ class Service:
         self.loaded_at = clock.wall()
         self.last_error: str | None = None
         self.auth = Authenticator(config.keys, config.auth_required)
+        self.budgets = Budgets(budgets_of(config), config.timezone)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
             models=config.models, principals=[k.principal for k in config.keys],
@@ -64,8 +70,12 @@ class Service:
     def _gauges(self) -> None:
         """Gauges read from the scheduler, for the configured tiers and providers."""
         metrics, config, now = self.metrics, self.config, self.clock.now()
-        for family in (metrics.queue_depth, metrics.inflight, metrics.limit):
+        for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
+                       metrics.budget_spent, metrics.budget_limit):
             family.clear()
+        for key, budget in self.budgets.budgets.items():
+            metrics.budget_limit.get(key).set(budget.amount_usd)
+            metrics.budget_spent.get(key).set_function(functools.partial(self._spent, key))
         for route in config.models.values():
             for deployment in route.candidates:
                 state = self.engine.fleet.breakers[deployment.id].state(now)
@@ -79,6 +89,9 @@ class Service:
                 functools.partial(self.scheduler.inflight, name))
             metrics.limit.get(name).set_function(
                 functools.partial(self.scheduler.capacity, name))
+
+    def _spent(self, key: str) -> float:
+        return self.budgets.spent(key, self.clock.wall())
 
     def reconfigure(self, config: Config) -> None:
         """Serve ``config`` from now on (a reload), without failing a queued or running
@@ -100,6 +113,7 @@ class Service:
             retry=config.retry, estimate=config.estimate, now=now)
         self.config = config
         self.auth = Authenticator(config.keys, config.auth_required)
+        self.budgets.configure(budgets_of(config), config.timezone)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._gauges()
         if self._schedule_timer is not None:
@@ -164,6 +178,7 @@ class Service:
                 name: [d.id for d in route.candidates]
                 for name, route in self.config.models.items()
             },
+            "budgets": self.budgets.snapshot(self.clock.wall()),
         }
 
     async def close(self) -> None:
