@@ -10,6 +10,7 @@ from ..core.provider import Provider, SimSettings, Timeouts
 from ..core.route import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     STRATEGIES,
+    CacheSettings,
     Degradation,
     Deployment,
     ModelRoute,
@@ -152,16 +153,27 @@ def parse_models(
         candidates = _candidates(path if isinstance(value, list) else f"{path}.candidates",
                                  node, providers, declared)
         degradation = _degradation(node, names, candidates) if node.has("degrade") else None
+        cache = _cache(node.node("cache")) if node.has("cache") else None
         node.check_unknown()
         if not candidates:
             warnings.append(f"{path}: no enabled provider; the model answers 503")
         models[public] = ModelRoute(
             name=public, candidates=candidates, strategy=strategy,
             tier_strategies=tier_strategies, max_cost=max_cost, degradation=degradation,
+            cache=cache,
         )
     if not models:
         fail("models", "must name at least one model")
     return models
+
+
+def _cache(node: Node) -> CacheSettings:
+    settings = CacheSettings(
+        ttl_s=node.number("ttl_s", 300.0, positive=True, maximum=7 * 24 * 3600),
+        max_entries=node.integer("max_entries", 10_000, minimum=1, maximum=10_000_000),
+    )
+    node.check_unknown()
+    return settings
 
 
 def _candidates(

@@ -65,6 +65,18 @@ class Degradation:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    """A model's response cache: answers kept ``ttl_s`` seconds, at most ``max_entries``."""
+
+    ttl_s: float = 300.0
+    max_entries: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not (self.ttl_s > 0 and self.max_entries >= 1):
+            raise ValueError("cache.ttl_s must be positive and cache.max_entries at least 1")
+
+
+@dataclass(frozen=True)
 class ModelRoute:
     name: str
     candidates: tuple[Deployment, ...]
@@ -72,6 +84,7 @@ class ModelRoute:
     tier_strategies: Mapping[str, str] = field(default_factory=dict)
     max_cost: Mapping[str, float] = field(default_factory=dict)
     degradation: Degradation | None = None
+    cache: CacheSettings | None = None
 
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.tier_strategies.values()):

@@ -34,6 +34,7 @@ from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from .accounting import record_usage
+from .cache import Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
 from .service import Service
@@ -52,6 +53,7 @@ class Exchange:
     attempts: Attempts
     answer: web.StreamResponse | None = None
     failure: web.Response | None = None  # the last upstream failure, kept to pass through
+    cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -90,6 +92,13 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     record.tier = plan.tier_name
     _within_budget(service, principal.name)
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
+    if service.cache.applies(call):
+        exchange.cache_key = cache_key(principal.name, call)
+        entry = service.cache.get(call.model, exchange.cache_key)
+        record.cache = "miss" if entry is None else "hit"
+        service.metrics.cache_lookups.get(call.model, record.cache).inc()
+        if entry is not None:
+            return _hit(request, plan, entry)
     lifecycle = request.app[LIFECYCLE]
     try:
         with lifecycle.call():
@@ -116,6 +125,26 @@ def _within_budget(service: Service, key: str) -> None:
         raise BudgetExceeded(
             f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
             f"{budget.period}.", retry_after=wait_s)
+
+
+def _hit(request: web.Request, plan: Plan, entry: Entry) -> web.Response:
+    """A cached answer: no slot, no upstream tokens, no cost."""
+    call, record = plan.call, request[RECORD]
+    record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
+    record.cost_usd, record.queue_s = 0.0, 0.0
+    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": plan.tier_name,
+               "x-proxy-queue-ms": "0", "x-proxy-upstream": entry.deployment,
+               "x-proxy-cache": "hit"}
+    if not call.stream:
+        return web.Response(body=entry.answer, headers=headers,
+                            content_type="application/json")
+    headers["cache-control"] = "no-cache"
+    return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
+                        headers=headers, content_type="text/event-stream")
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamResponse:
@@ -205,15 +234,20 @@ async def _send(service: Service, exchange: Exchange, path: str,
         status = response.status
         if status == 429 or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
+        headers = answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
+                                 deployment, response)
+        key = exchange.cache_key
+        if key is not None:
+            headers["x-proxy-cache"] = "miss"
         if not call.stream or status != 200:
             data = await response.read()
-            exchange.answer = web.Response(
-                body=data, status=status,
-                headers=answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
-                                       deployment, response))
+            exchange.answer = web.Response(body=data, status=status, headers=headers)
             prompt, completion, response_id = _answer_facts(data) if status == 200 else (
                 None, None, None)
             _remember(service, call, response_id, deployment)
+            if key is not None and status == 200:
+                service.cache.put(call.model, key, Entry(data, deployment.id, _count(prompt),
+                                                         _count(completion)))
             return Result(Verdict.SUCCESS, status=status, prompt_tokens=prompt,
                           completion_tokens=completion)
         chunks = response.chunks()
@@ -222,11 +256,15 @@ async def _send(service: Service, exchange: Exchange, path: str,
             return Result(Verdict.FAILURE,
                           error=UpstreamError("upstream stream ended before any data"))
         ttft = service.clock.now() - started
-        exchange.answer, result = await relay(
-            service, request, answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
-                                             deployment, response),
-            deployment, chunks, first, strip_usage)
+        exchange.answer, result = await relay(service, request, headers, deployment, chunks,
+                                              first, strip_usage, keep=key is not None)
         _remember(service, call, result.response_id, deployment)
+        whole = (assemble(call.kind, result.kept) if key is not None and result.kept
+                 and result.verdict is Verdict.SUCCESS else None)
+        if key is not None and whole is not None:
+            service.cache.put(call.model, key, Entry(
+                whole, deployment.id, _count(result.prompt_tokens),
+                _count(result.completion_tokens)))
         return Result(result.verdict, status=200, committed=True,
                       prompt_tokens=result.prompt_tokens,
                       completion_tokens=result.completion_tokens, ttft_s=ttft)

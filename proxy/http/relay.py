@@ -25,6 +25,7 @@ from .upstream import UpstreamResponse
 # for the next byte: it may be half of a CRLF).
 _BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?=[^\n]))(?:\r\n|\n|\r(?=[^\n]))")
 MAX_EVENT_BYTES = 8 << 20  # one SSE event held back whole; a larger one breaks the stream
+MAX_KEPT_BYTES = 1 << 20
 # A Responses API stream ends with one of these instead of [DONE].
 TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete",
                                       "response.failed"})
@@ -40,8 +41,12 @@ class StreamTally:
     for. Otherwise the bytes are the upstream's own, cut only at event boundaries.
     """
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, keep: bool = False) -> None:
+        """``keep``: keep the events' data (``kept``) up to ``MAX_KEPT_BYTES`` in all, for
+        the response cache; past that none is kept."""
         self.strip_usage = strip_usage
+        self.kept: list[bytes] | None = [] if keep else None
+        self._kept_bytes = 0
         self.events = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
@@ -87,6 +92,12 @@ class StreamTally:
             self.done = True
             return True
         self.events += 1
+        if self.kept is not None:
+            self._kept_bytes += len(data)
+            if self._kept_bytes <= MAX_KEPT_BYTES:
+                self.kept.append(data)
+            else:
+                self.kept = None
         if b'"usage"' not in data and not _RESPONSE_MARKS.search(data):
             return True
         try:
@@ -161,6 +172,7 @@ class Relayed:
     prompt_tokens: object
     completion_tokens: object
     response_id: str | None = None
+    kept: list[bytes] | None = None  # the events' data, when asked to keep them
 
 
 def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
@@ -199,6 +211,7 @@ async def relay(
     chunks: AsyncIterator[bytes],
     first: bytes,
     strip_usage: bool,
+    keep: bool = False,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
@@ -206,7 +219,7 @@ async def relay(
     answer = web.StreamResponse(headers=headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
-    tally = StreamTally(strip_usage)
+    tally = StreamTally(strip_usage, keep)
     verdict = Verdict.SUCCESS
     request[COMMITTED] = True
     try:
@@ -255,4 +268,4 @@ async def relay(
     prompt, completion = usage_counts(tally.usage or {})
     if completion is None:
         completion = max(tally.events - 2, 0)  # content events, less the role and stop ones
-    return answer, Relayed(verdict, prompt, completion, tally.response_id)
+    return answer, Relayed(verdict, prompt, completion, tally.response_id, tally.kept)

@@ -20,6 +20,7 @@ from ..core.schedules import Schedule, active, next_change
 from ..core.tokens import TokenCounter
 from .admission import Admission
 from .auth import Authenticator
+from .cache import ResponseCache
 from .live import LiveStats
 from .metrics import Metrics
 from .upstream import Upstream
@@ -55,6 +56,8 @@ class Service:
         self.last_error: str | None = None
         self.auth = Authenticator(config.keys, config.auth_required)
         self.budgets = Budgets(budgets_of(config), config.timezone)
+        self.cache = ResponseCache(clock)
+        self.cache.configure(config.models)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
             models=config.models, principals=[k.principal for k in config.keys],
@@ -71,8 +74,12 @@ class Service:
         """Gauges read from the scheduler, for the configured tiers and providers."""
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
-                       metrics.budget_spent, metrics.budget_limit):
+                       metrics.budget_spent, metrics.budget_limit, metrics.cache_entries):
             family.clear()
+        for name, route in config.models.items():
+            if route.cache is not None:
+                metrics.cache_entries.get(name).set_function(
+                    functools.partial(self.cache.size, name))
         for key, budget in self.budgets.budgets.items():
             metrics.budget_limit.get(key).set(budget.amount_usd)
             metrics.budget_spent.get(key).set_function(functools.partial(self._spent, key))
@@ -114,6 +121,7 @@ class Service:
         self.config = config
         self.auth = Authenticator(config.keys, config.auth_required)
         self.budgets.configure(budgets_of(config), config.timezone)
+        self.cache.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._gauges()
         if self._schedule_timer is not None:

@@ -1,0 +1,231 @@
+"""The response cache: deterministic calls only, a canonical key per caller, streamed replay
+as valid SSE, no slot and no upstream tokens for a hit, bounded by TTL and size."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.config import ConfigError
+from proxy.core.request import BodyLimits, parse_call
+from proxy.core.tokens import TokenCounter
+from proxy.http.app import build_app
+from proxy.http.cache import assemble, cache_key, deterministic, replay
+from proxy.http.relay import event_data
+from proxy.http.state import SERVICE
+
+from .conftest import config_from
+from .fakes import FakeUpstream, completion
+
+Factory = Callable[..., Awaitable[Any]]
+Client = TestClient[web.Request, web.Application]
+MESSAGES: Any = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"temperature": 0}, True), ({"temperature": 0.0}, True), ({"seed": 7}, True),
+    ({"temperature": 0.7, "seed": 1}, True), ({"temperature": 0.2}, False), ({}, False),
+    ({"temperature": False}, False), ({"seed": None}, False), ({"temperature": "0"}, False),
+])
+def test_only_deterministic_calls_are_cached(body: dict[str, Any], expected: bool) -> None:
+    assert deterministic(body) is expected
+
+
+def key(counter: TokenCounter, body: dict[str, Any], caller: str = "app",
+        kind: Any = "chat") -> bytes:
+    raw = orjson.dumps({"model": "m", "messages": MESSAGES, **body})
+    return cache_key(caller, parse_call(raw, kind, BodyLimits(), counter))
+
+
+def test_the_key_is_the_canonical_request_per_caller(counter: TokenCounter) -> None:
+    base = key(counter, {"temperature": 0, "max_tokens": 5})
+    assert key(counter, {"max_tokens": 5, "temperature": 0.0}) == base
+    assert key(counter, {"temperature": 0, "max_tokens": 5, "stream": True,
+                         "stream_options": {"include_usage": True}, "user": "u1"}) == base
+    assert key(counter, {"temperature": 0, "max_tokens": 6}) != base
+    assert key(counter, {"temperature": 0, "max_tokens": 5}, caller="other") != base
+    assert key(counter, {"temperature": 0, "max_tokens": 5, "seed": 1}) != base
+
+
+def test_a_replayed_stream_assembles_back_to_the_answer() -> None:
+    answer = orjson.dumps({**completion("up", "Four."), "system_fingerprint": "fp"})
+    stream = replay("chat", answer, include_usage=True)
+    events = [e for e in stream.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    payloads = [event_data(e) or b"" for e in events[:-1]]
+    whole = orjson.loads(assemble("chat", payloads) or b"{}")
+    original = orjson.loads(answer)
+    assert whole["choices"][0]["message"]["content"] == "Four."
+    assert whole["usage"] == original["usage"] and whole["id"] == original["id"]
+    assert b'"usage"' not in replay("chat", answer, include_usage=False)
+    tools = orjson.dumps({"choices": [{"index": 0, "delta": {"tool_calls": []}}]})
+    assert assemble("chat", [tools]) is None
+    assert assemble("chat", [b"not json"]) is None
+    text = orjson.dumps({"id": "c", "choices": [{"index": 0, "text": "ab",
+                                                 "finish_reason": "stop"}]})
+    assert orjson.loads(assemble("completions", [text]) or b"{}")["choices"][0]["text"] == "ab"
+
+
+@pytest.mark.parametrize(("cache", "message"), [
+    ({"ttl_s": 0}, "cache.ttl_s: must be a positive number"),
+    ({"max_entries": 0}, "cache.max_entries: must be a positive integer"),
+    ({"ttl_s": 300, "size": 5}, "cache.size: unknown key"),
+])
+def test_bad_cache_settings_are_config_errors(cache: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from([{"name": "p", "kind": "simulated"}],
+                    {"m": {"candidates": [{"provider": "p", "model": "x"}], "cache": cache}})
+    assert message in str(info.value)
+
+
+async def start(aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+                fake: FakeUpstream, cache: dict[str, Any] | None = None,
+                access: io.StringIO | None = None) -> Client:
+    server = await aiohttp_server(fake.app())
+    candidates = [{"provider": "p", "model": "up", "input_cost": 1, "output_cost": 1}]
+    config = config_from(
+        [{"name": "p", "base_url": str(server.make_url("/v1")), "api_key": "sk",
+          "max_concurrency": 1}],
+        {"m": {"candidates": candidates, "cache": cache or {"ttl_s": 60}},
+         "plain": candidates},
+        classify={"keys": [{"name": "app", "key": "app-key"},
+                           {"name": "other", "key": "other-key"}]},
+        access_log={"format": "json"})
+    client: Client = await aiohttp_client(build_app(config, counter=counter,
+                                                    access_stream=access))
+    return client
+
+
+def sdk(client: Client, key: str = "app-key") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=key,
+                              max_retries=0)
+
+
+def totals(client: Client) -> dict[str, float]:
+    """Every token and every dollar the proxy has billed, summed."""
+    text = client.app[SERVICE].metrics.render().decode()
+    sums = {"proxy_tokens_total": 0.0, "proxy_cost_usd_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return sums
+
+
+def metric(client: Client, text: str) -> bool:
+    return text in client.app[SERVICE].metrics.render().decode()
+
+
+async def test_a_hit_is_served_without_the_upstream_json_and_streamed(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    access = io.StringIO()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake, access=access)
+    api = sdk(client)
+    first = await api.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, temperature=0)
+    assert first.headers["x-proxy-cache"] == "miss"
+    billed = totals(client)
+    assert billed["proxy_tokens_total"] > 0 and billed["proxy_cost_usd_total"] > 0
+    second = await api.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, temperature=0.0, user="someone")
+    assert second.headers["x-proxy-cache"] == "hit" and len(fake.seen) == 1
+    assert second.headers["x-proxy-upstream"] == "p/up"
+    assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
+    # Streamed, the same answer comes back as a valid stream the SDK reads.
+    stream = await api.chat.completions.create(model="m", messages=MESSAGES, temperature=0,
+                                               stream=True,
+                                               stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "Hello there!")
+    assert chunks[-1].usage is not None and len(fake.seen) == 1
+    # Not billed: no upstream tokens, no cost; counted as hits and misses.
+    assert totals(client) == billed
+    assert metric(client, 'proxy_cache_lookups_total{model="m",result="hit"} 2.0')
+    assert metric(client, 'proxy_cache_lookups_total{model="m",result="miss"} 1.0')
+    assert metric(client, 'proxy_cache_entries{model="m"} 1.0')
+    lines = [orjson.loads(line) for line in access.getvalue().splitlines()]
+    assert [line["cache"] for line in lines] == ["miss", "hit", "hit"]
+    assert lines[1]["cost_usd"] == 0.0 and lines[1]["upstream"] is None
+
+
+async def test_what_is_not_cached(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    api = sdk(client)
+    # Sampling calls, models without a cache, and errors.
+    for _ in range(2):
+        raw = await api.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, temperature=0.7)
+        assert "x-proxy-cache" not in raw.headers
+        await api.chat.completions.create(model="plain", messages=MESSAGES, temperature=0)
+    assert len(fake.seen) == 4
+    fake.script.extend(["400"])
+    with pytest.raises(openai.BadRequestError):
+        await api.chat.completions.create(model="m", messages=MESSAGES, seed=3)
+    await api.chat.completions.create(model="m", messages=MESSAGES, seed=3)
+    assert len(fake.seen) == 6
+    # Another key never sees this key's answers.
+    raw = await sdk(client, "other-key").chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, seed=3)
+    assert raw.headers["x-proxy-cache"] == "miss" and len(fake.seen) == 7
+
+
+async def test_a_streamed_miss_fills_the_cache(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    api = sdk(client)
+    stream = await api.chat.completions.create(model="m", messages=MESSAGES, seed=1,
+                                               stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == (
+        "Hello there!")
+    raw = await api.chat.completions.with_raw_response.create(model="m", messages=MESSAGES,
+                                                              seed=1)
+    assert raw.headers["x-proxy-cache"] == "hit" and len(fake.seen) == 1
+    assert raw.parse().choices[0].message.content == "Hello there!"
+
+
+async def test_a_hit_takes_no_slot(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    api = sdk(client)
+    await api.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
+    fake.hold_s = 2.0
+    busy = asyncio.ensure_future(api.chat.completions.create(model="plain", messages=MESSAGES))
+    await asyncio.sleep(0.2)
+    assert client.app[SERVICE].scheduler.inflight("p") == 1  # the only slot is taken
+    started = asyncio.get_running_loop().time()
+    await api.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
+    assert asyncio.get_running_loop().time() - started < 0.5
+    await busy
+
+
+async def test_entries_expire_and_the_cache_is_bounded(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake,
+                         cache={"ttl_s": 0.3, "max_entries": 2})
+    api = sdk(client)
+
+    async def ask(seed: int) -> str:
+        raw = await api.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, seed=seed)
+        return raw.headers["x-proxy-cache"]
+
+    assert [await ask(s) for s in (1, 2, 3, 3, 1)] == ["miss", "miss", "miss", "hit", "miss"]
+    assert metric(client, 'proxy_cache_entries{model="m"} 2.0')
+    await asyncio.sleep(0.4)
+    assert await ask(3) == "miss"
