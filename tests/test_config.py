@@ -209,6 +209,21 @@ def test_every_config_error_names_the_file(tmp_path: Path, text: str | None, mes
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("text", [
+    'providers:\n  - name: p\n    api_key: "sk-secret-123\n',
+    "providers:\n  - {name: p, api_key: sk-secret-123, x: [}\n",
+    "providers: [{name: p, api_key: sk-secret-123}]\n\tbad: 1\n",
+])
+def test_a_yaml_error_says_where_but_never_quotes_the_file(tmp_path: Path, text: str) -> None:
+    """The message reaches logs and /admin/status: the line it quotes may hold a key."""
+    path = tmp_path / "routing.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert "not valid YAML: line " in str(info.value)
+    assert "sk-secret" not in str(info.value) and info.value.__cause__ is None
+
+
 def test_the_version_is_a_digest_of_the_file(tmp_path: Path) -> None:
     path = tmp_path / "routing.yaml"
     text = (ROOT / "routing.yaml").read_text()

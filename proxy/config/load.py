@@ -87,6 +87,15 @@ class Config:
         return tuple(t.name for t in self.tiers)
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without the file's text (which may hold a secret)."""
+    problem = getattr(exc, "problem", None) or "cannot be parsed"
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -97,7 +106,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     try:
         config = parse_config(data, os.environ if env is None else env)
     except ConfigError as exc:
