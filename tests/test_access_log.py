@@ -165,12 +165,14 @@ async def test_no_secret_is_ever_written(
             await client.get("/admin/status", headers={"X-Admin-Key": key})
         status = await (await client.get(
             "/admin/status", headers={"Authorization": "Bearer admin-secret-3"})).text()
+        status += await (await client.get(
+            "/admin/history", headers={"Authorization": "Bearer admin-secret-3"})).text()
         metrics = await (await client.get("/metrics")).text()
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
     written = "\n".join([captured.getvalue(), stream.getvalue(), status, metrics])
-    assert len(lines(stream)) == 19  # 3 keys x 6 calls, and the status read
+    assert len(lines(stream)) == 20  # 3 keys x 6 calls, and the status and history reads
     for secret in ("app-secret-1", "batch-secret-2", "wrong-secret-9", "admin-secret-3",
                    "provider-secret"):
         assert secret not in written, secret

@@ -264,3 +264,25 @@ async def test_sighup_reloads_the_real_server(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+async def test_a_refused_reload_never_writes_a_secret(
+        aiohttp_client: Factory, counter: TokenCounter, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "routing.yaml"
+    write(path, table("http://127.0.0.1:9/v1"))
+    client = await start(aiohttp_client, counter, path)
+    broken = [
+        'admin: {key: "adm1n-secret-x\nproviders: []\n',
+        yaml.safe_dump(table("http://127.0.0.1:9/v1", providers=[
+            {"name": "p", "base_url": "http://x/v1", "api_key": "sk-secret-y",
+             "max_concurrency": "sk-secret-z"}])),
+    ]
+    with caplog.at_level("DEBUG"):
+        for text in broken:
+            write(path, text)
+            code, answer = await reload(client)
+            assert code == 400
+            written = str(answer) + str(await status(client)) + caplog.text
+            for secret in ("adm1n-secret-x", "sk-secret-y", "sk-secret-z"):
+                assert secret not in written, (secret, written)
