@@ -53,8 +53,6 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     await site.start()
     if not config.auth_required and not is_loopback(host):
         log.warning("no proxy keys configured and listening on %s: anyone can use it", host)
-    bound = runner.addresses[0] if runner.addresses else (host, port)
-    print(f"listening on http://{host}:{bound[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -67,6 +65,10 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    # Announced only once every signal has its handler: a signal sent on seeing this line
+    # must not meet the default action (which ends the process).
+    bound = runner.addresses[0] if runner.addresses else (host, port)
+    print(f"listening on http://{host}:{bound[1]}", flush=True)
     try:
         await stop.wait()
     finally:
