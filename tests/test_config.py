@@ -224,6 +224,27 @@ def test_a_yaml_error_says_where_but_never_quotes_the_file(tmp_path: Path, text:
     assert "sk-secret" not in str(info.value) and info.value.__cause__ is None
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("providers:\n  - {name: p, kind: simulated, api_key:upstream-SECRET4}\n"
+     "models: {m: [{provider: p, model: x}]}\n", "providers[0]: an unknown key (not shown"),
+    ("providers:\n  - {name: p, kind: simulated, api_key: !sk-extra-SECRET3 x}\n",
+     "a YAML tag this file may not use"),
+    ("tiers: [{name: a}]\nclassify: {default_tier: sk-live-SECRET5}\nproviders: "
+     "[{name: p, kind: simulated}]\nmodels: {m: [{provider: p, model: x}]}\n",
+     "classify.default_tier: unknown tier (not shown"),
+    ("providers:\n  - {name: p, kind: simulated, max_concurrency: 2, max_concurrency: 3}\n",
+     "a key is written twice in one mapping ('max_concurrency')"),
+])
+def test_errors_quote_only_what_looks_like_a_name(tmp_path: Path, text: str,
+                                                   message: str) -> None:
+    path = tmp_path / "routing.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert message in str(info.value), str(info.value)
+    assert "SECRET" not in str(info.value)
+
+
 def test_the_version_is_a_digest_of_the_file(tmp_path: Path) -> None:
     path = tmp_path / "routing.yaml"
     text = (ROOT / "routing.yaml").read_text()

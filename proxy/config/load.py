@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,7 +30,7 @@ from ..core.scheduler import SchedulerSettings, TierSpec
 from ..core.schedules import Schedule
 from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
-from .reader import ConfigError, Node, fail
+from .reader import ConfigError, Node, fail, shown
 
 __all__ = ["ApiKey", "Config", "ConfigError", "Provider", "load_config", "parse_config"]
 
@@ -87,9 +88,28 @@ class Config:
         return tuple(t.name for t in self.tiers)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key written twice in one mapping (YAML would keep the
+    last one silently: a typo's twin)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key is written twice in one mapping ({shown(key)})",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """What is wrong and where, without the file's text (which may hold a secret)."""
     problem = getattr(exc, "problem", None) or "cannot be parsed"
+    if isinstance(exc, yaml.constructor.ConstructorError) and not problem.startswith(
+            "a key is written twice"):
+        problem = "a YAML tag this file may not use"  # the tag's text is the file's
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     context = getattr(exc, "context", None)
@@ -104,7 +124,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     try:

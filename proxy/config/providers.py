@@ -16,7 +16,7 @@ from ..core.route import (
     ModelRoute,
 )
 from .policy import tier_index
-from .reader import UNSET, Node, fail, interpolate
+from .reader import UNSET, Node, fail, interpolate, shown
 
 PROVIDER_KINDS = ("openai", "azure", "simulated")
 FORWARDED_SERVICE_TIERS = ("openai",)
@@ -201,7 +201,7 @@ def _candidates(
         if provider not in providers:
             if provider in declared:
                 continue  # disabled (secret unset); already warned
-            fail(f"{item_path}.provider", f"unknown provider {provider!r}")
+            fail(f"{item_path}.provider", f"unknown provider {shown(provider)}")
         if any(d.id == deployment.id for d in result):
             fail(item_path, f"duplicate deployment {deployment.id!r}")
         result.append(deployment)

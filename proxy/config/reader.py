@@ -180,7 +180,9 @@ class Node:
     def check_unknown(self) -> None:
         unknown = sorted(str(k) for k in self.data if str(k) not in self._read)
         if unknown:
-            fail(self.sub(unknown[0]), "unknown key")
+            if _NAME.fullmatch(unknown[0]):
+                fail(self.sub(unknown[0]), "unknown key")
+            fail(self.path, f"an unknown key {shown(unknown[0])}")
 
     def _scalar(self, key: str, default: object) -> object:
         value = self.raw(key)
@@ -209,6 +211,22 @@ def _parse_scalar(text: str) -> object:
         except ValueError:
             continue
     return text
+
+
+# What a setting's name looks like. Anything else in the file may be a secret pasted in
+# the wrong place (``api_key:sk-...`` without its space is a key, not a value), so error
+# messages, which reach logs and /admin/status, quote only text of this shape.
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,23}")
+_SHOWN = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.\- ]{0,23})?")
+_SECRETISH = re.compile(r"\d{4}|[A-Za-z0-9]{20}|^sk-|^key-", re.IGNORECASE)
+
+
+def shown(value: object) -> str:
+    """``value`` quoted for an error message if it looks like a name, else a placeholder."""
+    text = str(value)
+    return repr(text) if _SHOWN.fullmatch(text) and not _SECRETISH.search(text) else (
+        "(not shown: it does not look like a name)")
+
 
 
 def fail(path: str, message: str) -> NoReturn:
