@@ -4,6 +4,7 @@ with retry-after to the period's end; bad budgets are config errors."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -144,3 +145,27 @@ async def test_a_spent_key_gets_429_until_the_period_ends(
     # December: a new month.
     clock.shift += 2 * 3600
     await sdk.chat.completions.create(model="m", messages=messages)
+
+
+async def test_queued_calls_never_start_past_the_budget(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream(hold_s=0.2, usage={"prompt_tokens": 1000, "completion_tokens": 1000,
+                                           "total_tokens": 2000})
+    server = await aiohttp_server(fake.app())
+    config = config_from(
+        [{"name": "p", "base_url": str(server.make_url("/v1")), "api_key": "sk",
+          "max_concurrency": 1}],
+        {"m": [{"provider": "p", "model": "up", "input_cost": 1000, "output_cost": 1000}]},
+        classify={"keys": [{"name": "app", "key": "app-key",
+                            "budget_usd": {"amount": 1, "period": "day"}}]})
+    client: Client = await aiohttp_client(build_app(config, counter=counter))
+
+    async def call() -> int:
+        resp = await client.post("/v1/chat/completions", headers={
+            "Authorization": "Bearer app-key"}, json={"model": "m", "messages": [
+                {"role": "user", "content": "hi"}]})
+        return resp.status
+
+    statuses = await asyncio.gather(*(call() for _ in range(5)))
+    assert sorted(statuses) == [200, 429, 429, 429, 429] and len(fake.seen) == 1
+    assert client.app[SERVICE].scheduler.inflight("p") == 0

@@ -229,3 +229,27 @@ async def test_entries_expire_and_the_cache_is_bounded(
     assert metric(client, 'proxy_cache_entries{model="m"} 2.0')
     await asyncio.sleep(0.4)
     assert await ask(3) == "miss"
+
+
+async def test_a_waiting_duplicate_is_answered_from_the_cache_when_its_slot_comes(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream(hold_s=0.3)
+    client = await start(aiohttp_server, aiohttp_client, counter, fake)
+    api = sdk(client)
+    calls = [api.chat.completions.with_raw_response.create(model="m", messages=MESSAGES,
+                                                           temperature=0) for _ in range(3)]
+    answers = await asyncio.gather(*calls)
+    assert sorted(a.headers["x-proxy-cache"] for a in answers) == ["hit", "hit", "miss"]
+    assert len(fake.seen) == 1 and client.app[SERVICE].scheduler.inflight("p") == 0
+    waited = [int(a.headers["x-proxy-queue-ms"]) for a in answers
+              if a.headers["x-proxy-cache"] == "hit"]
+    assert all(w >= 250 for w in waited)  # they queued behind the first
+
+
+def test_a_replayed_stream_keeps_logprobs() -> None:
+    logprobs = {"content": [{"token": "4", "logprob": -0.01, "bytes": [52],
+                             "top_logprobs": []}]}
+    answer = completion("up", "4")
+    answer["choices"][0]["logprobs"] = logprobs
+    events = [event_data(e) for e in replay("chat", orjson.dumps(answer), False).split(b"\n\n")]
+    assert orjson.loads(events[0] or b"{}")["choices"][0]["logprobs"] == logprobs

@@ -114,6 +114,8 @@ async def test_a_reload_fails_no_call_queued_or_in_flight(
     results = await asyncio.gather(*calls)
     assert [status for status, _, _ in results] == [200] * 5, results
     assert results[0][1].rstrip().endswith(b"data: [DONE]")  # the stream was not cut
+    # "high" calls went to the default tier and are reported there.
+    assert [tier for _, _, tier in results] == ["high", "normal", "critical", "low", "normal"]
     # The calls that waited kept their old route (model "m" is gone for new calls).
     assert fake.completed == 5 and all(s.body["model"] == "up" for s in fake.seen)
     after = await status(client)
@@ -286,3 +288,37 @@ async def test_a_refused_reload_never_writes_a_secret(
             written = str(answer) + str(await status(client)) + caplog.text
             for secret in ("adm1n-secret-x", "sk-secret-y", "sk-secret-z"):
                 assert secret not in written, (secret, written)
+
+
+async def test_what_a_reload_removes_leaves_the_metrics_and_status(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+        tmp_path: Path) -> None:
+    dead, alive = FakeUpstream(default="500"), FakeUpstream()
+    servers = [await aiohttp_server(f.app()) for f in (dead, alive)]
+    urls = [str(s.make_url("/v1")) for s in servers]
+    providers = [{"name": name, "base_url": url, "api_key": "sk",
+                  "breaker": {"consecutive_failures": 1, "cooldown_s": 60}}
+                 for name, url in zip(("a", "b"), urls, strict=True)]
+    path = tmp_path / "routing.yaml"
+    write(path, table(urls[0], providers=providers, models={
+        "m": [{"provider": "a", "model": "up"}, {"provider": "b", "model": "up"}]}))
+    client = await start(aiohttp_client, counter, path)
+    assert (await chat(client, "app-key"))[0] == 200
+    metrics = client.app[SERVICE].metrics
+    assert 'proxy_breaker_state{deployment="a/up",provider="a"} 2.0' in metrics.render().decode()
+    events = await client.get("/admin/events", headers=ADMIN)
+    assert events.status == 200
+    write(path, table(urls[1], admin={"key": "n3w-admin"}, providers=providers[1:],
+                      models={"m": [{"provider": "b", "model": "up"}]}))
+    assert (await reload(client))[0] == 200
+    text = metrics.render().decode()
+    # Gauges forget it (counters keep their history).
+    for gauge in ("proxy_breaker_state", "proxy_upstream_inflight", "proxy_upstream_limit"):
+        assert f'{gauge}{{deployment="a/up"' not in text and f'{gauge}{{provider="a"}}' not in text
+    assert 'proxy_breaker_state{deployment="b/up",provider="b"} 0.0' in text
+    resp = await client.get("/admin/status", headers={"X-Admin-Key": "n3w-admin"})
+    state = await resp.json()
+    assert set(state["breakers"]) == {"b/up"} and set(state["scheduler"]["providers"]) == {"b"}
+    # The feed opened with the old admin key ends.
+    async with asyncio.timeout(5):
+        await events.read()

@@ -1,9 +1,10 @@
 """Spend budgets per key: ``amount_usd`` per calendar day or month in the configured timezone.
 
 A key whose spend in the current period has reached its amount is refused until the period
-ends (``BudgetExceeded``, with the seconds to that end). Spend is what the cost accounting
-charges when a call ends; calls admitted before the budget ran out finish and are charged,
-so the spend can pass the amount by what was in flight. Spend is kept in memory.
+ends (the HTTP layer checks on arrival and again at dispatch). Spend is what the cost
+accounting charges when a call ends; calls already sent when the budget ran out finish and
+are charged, so the spend can pass the amount by what was in flight. Spend is kept in
+memory.
 """
 
 from __future__ import annotations

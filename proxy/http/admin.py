@@ -99,6 +99,10 @@ async def events(request: web.Request) -> web.StreamResponse:
     after: int | None = None
     async with sse_response(request, send_timeout=10) as stream:
         while not (lifecycle.draining or service.live.stopped):
+            try:
+                check_admin(request)  # again: a reload may have changed the admin key
+            except (InvalidAdminKey, AdminLoopbackOnly):
+                break
             now = service.clock.now()
             event = live_event(service, now, after)
             try:

@@ -120,7 +120,8 @@ def replay(kind: str, answer: bytes, include_usage: bool) -> bytes:
                                          for i, call in enumerate(message["tool_calls"])]
             index = choice.get("index", 0)
             events.append(_event({**head, "choices": [
-                {"index": index, "delta": message, "logprobs": None, "finish_reason": None}]}))
+                {"index": index, "delta": message, "logprobs": choice.get("logprobs"),
+                 "finish_reason": None}]}))
             events.append(_event({**head, "choices": [
                 {"index": index, "delta": {}, "logprobs": None,
                  "finish_reason": choice.get("finish_reason")}]}))

@@ -90,15 +90,15 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     )
     plan = service.engine.plan(call, facts, principal, arrived)
     record.tier = plan.tier_name
-    _within_budget(service, principal.name)
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     if service.cache.applies(call):
         exchange.cache_key = cache_key(principal.name, call)
-        entry = service.cache.get(call.model, exchange.cache_key)
-        record.cache = "miss" if entry is None else "hit"
-        service.metrics.cache_lookups.get(call.model, record.cache).inc()
-        if entry is not None:
-            return _hit(request, plan, entry)
+        record.cache = "miss"
+        hit = _cached(service, exchange, plan.tier_name)
+        if hit is not None:
+            return hit
+        service.metrics.cache_lookups.get(call.model, "miss").inc()
+    _within_budget(service, principal.name)
     lifecycle = request.app[LIFECYCLE]
     try:
         with lifecycle.call():
@@ -127,20 +127,37 @@ def _within_budget(service: Service, key: str) -> None:
             f"{budget.period}.", retry_after=wait_s)
 
 
-def _hit(request: web.Request, plan: Plan, entry: Entry) -> web.Response:
-    """A cached answer: no slot, no upstream tokens, no cost."""
-    call, record = plan.call, request[RECORD]
+def _cached(service: Service, exchange: Exchange, tier_name: str) -> web.Response | None:
+    """The cached answer to the call, if there is one now: no slot, no upstream tokens, no
+    cost, no budget."""
+    call, request = exchange.plan.call, exchange.request
+    key = exchange.cache_key
+    entry = None if key is None else service.cache.get(call.model, key)
+    if entry is None:
+        return None
+    service.metrics.cache_lookups.get(call.model, "hit").inc()
+    record = request[RECORD]
+    record.cache = "hit"
     record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
-    record.cost_usd, record.queue_s = 0.0, 0.0
-    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": plan.tier_name,
-               "x-proxy-queue-ms": "0", "x-proxy-upstream": entry.deployment,
-               "x-proxy-cache": "hit"}
+    record.cost_usd = 0.0
+    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
+               "x-proxy-queue-ms": str(round(exchange.attempts.queue_s * 1000)),
+               "x-proxy-upstream": entry.deployment, "x-proxy-cache": "hit"}
     if not call.stream:
         return web.Response(body=entry.answer, headers=headers,
                             content_type="application/json")
     headers["cache-control"] = "no-cache"
     return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
                         headers=headers, content_type="text/event-stream")
+
+
+def _tier(service: Service, exchange: Exchange) -> tuple[int, str]:
+    """The call's tier now (index, name): a reload may have moved it since it arrived."""
+    ticket = exchange.attempts.ticket
+    tier = exchange.plan.tier if ticket is None else ticket.tier
+    names = service.engine.tier_names
+    return (tier, names[tier]) if tier < len(names) else (
+        exchange.plan.tier, exchange.plan.tier_name)
 
 
 def _count(value: object) -> int | None:
@@ -159,8 +176,16 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 if isinstance(decision, Rejection):
                     command = attempts.refused(decision.code, decision.retry_after_s, now)
                 else:
-                    service.metrics.queue_wait.get(exchange.plan.tier_name).observe(
+                    tier_name = _tier(service, exchange)[1]
+                    exchange.request[RECORD].tier = tier_name
+                    service.metrics.queue_wait.get(tier_name).observe(
                         ticket.dispatched_at - ticket.queued_at)
+                    # While it waited, an identical call may have filled the cache, or the
+                    # key spent its budget: the slot then goes back unused.
+                    hit = _cached(service, exchange, tier_name)
+                    if hit is not None:
+                        return hit
+                    _within_budget(service, exchange.plan.caller)
                     command = attempts.granted(decision.deployment, now)
             case Send(deployment=deployment):
                 record = exchange.request[RECORD]
@@ -209,7 +234,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
     strip_usage = call.stream and call.kind in ("chat", "completions") and not call.wants_usage
     body = dict(call.body)
     body["model"] = deployment.model
-    service_tier = upstream_service_tier(call.service_tier, plan.tier)
+    tier, tier_name = _tier(service, exchange)
+    service_tier = upstream_service_tier(call.service_tier, tier)
     if service_tier is None or not provider.accepts_service_tier:
         body.pop("service_tier", None)
     if strip_usage:
@@ -234,7 +260,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         status = response.status
         if status == 429 or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
-        headers = answer_headers(request, plan.tier_name, exchange.attempts.queue_s,
+        headers = answer_headers(request, tier_name, exchange.attempts.queue_s,
                                  deployment, response)
         key = exchange.cache_key
         if key is not None:
@@ -288,7 +314,7 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
         return Result(Verdict.THROTTLED, status=status, retry_after_s=retry_after)
     headers = upstream_headers(response.headers, error=True)
     headers["x-proxy-upstream"] = deployment.id
-    headers["x-proxy-tier"] = exchange.plan.tier_name
+    headers["x-proxy-tier"] = _tier(service, exchange)[1]
     exchange.failure = web.Response(body=body, status=status, headers=headers)
     return Result(Verdict.FAILURE, status=status, retry_after_s=retry_after)
 

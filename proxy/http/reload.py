@@ -2,7 +2,8 @@
 validate it whole, and only then swap it in (``Service.reconfigure``), one reload at a time.
 
 What the running server was built with cannot change without a restart: the listening
-address, the access log and the body size aiohttp accepts. A reload keeps those as they are
+address, the access log, the body size aiohttp accepts and the drain timeout (aiohttp's own
+shutdown wait is set from it at start). A reload keeps those as they are
 and says which of them the file changed.
 """
 
@@ -31,13 +32,15 @@ def restart_needed(old: Config, new: Config) -> list[str]:
         changed.append("access_log")
     if new.limits.max_body_bytes != old.limits.max_body_bytes:
         changed.append("limits.max_body_bytes")
+    if new.drain_timeout_s != old.drain_timeout_s:
+        changed.append("drain_timeout_s")
     return changed
 
 
 def kept_for_restart(old: Config, new: Config) -> Config:
     """``new`` with the settings only a restart applies as they are now."""
     return dataclasses.replace(
-        new, listen=old.listen, access_log=old.access_log,
+        new, listen=old.listen, access_log=old.access_log, drain_timeout_s=old.drain_timeout_s,
         limits=dataclasses.replace(new.limits, max_body_bytes=old.limits.max_body_bytes))
 
 

@@ -74,7 +74,8 @@ class Service:
         """Gauges read from the scheduler, for the configured tiers and providers."""
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
-                       metrics.budget_spent, metrics.budget_limit, metrics.cache_entries):
+                       metrics.budget_spent, metrics.budget_limit, metrics.cache_entries,
+                       metrics.breaker_state):
             family.clear()
         for name, route in config.models.items():
             if route.cache is not None:
@@ -161,6 +162,10 @@ class Service:
         scheduler = self.scheduler.snapshot(now)
         providers = scheduler["providers"]
         assert isinstance(providers, dict)
+        # What a reload removed is still known (calls may still use it); shown while used.
+        scheduler["providers"] = {name: pool for name, pool in providers.items()
+                                  if name in self.config.providers or pool["inflight"]}
+        configured = {d.id for route in self.config.models.values() for d in route.candidates}
         return {
             "config": {
                 "version": self.config.version,
@@ -170,7 +175,8 @@ class Service:
             },
             "schedule": None if self.schedule is None else self.schedule.name,
             "scheduler": scheduler,
-            "breakers": {key: b.snapshot(now) for key, b in fleet.breakers.items()},
+            "breakers": {key: b.snapshot(now) for key, b in fleet.breakers.items()
+                         if key in configured},
             "providers": {
                 name: {
                     "kind": provider.kind,
