@@ -21,6 +21,7 @@ it went upstream, refunded if it never did.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .engine import Engine, Usage
@@ -104,6 +105,10 @@ class Result:
 
 
 class Attempts:
+    __slots__ = ("_excluded", "_failed", "_failed_providers", "_key_open", "_pending",
+                 "_sent", "_started", "attempts", "deployment", "engine", "last", "plan",
+                 "ticket", "usage")
+
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self.engine = engine
         self.plan = plan
@@ -113,10 +118,11 @@ class Attempts:
         self.last: Result | None = None  # the last failure, passed through if nothing better
         self.usage: Usage | None = None
         self._started = math.nan
-        self._failed: set[str] = set()  # deployments that failed this call: tried last
-        self._failed_providers: set[str] = set()  # a new attempt there is a re-try
-        self._excluded: set[str] = set()  # deployments that refused the proxy's key
-        self._pending: list[Deployment] = []
+        # Grown only on failures (rare): the shared empty frozenset costs a call nothing.
+        self._failed: frozenset[str] = frozenset()  # deployments that failed: tried last
+        self._failed_providers: frozenset[str] = frozenset()  # an attempt there is a re-try
+        self._excluded: frozenset[str] = frozenset()  # deployments that refused the key
+        self._pending: tuple[Deployment, ...] = ()
         self._key_open = False  # the key's share is taken and not yet settled
         self._sent = False
 
@@ -193,10 +199,10 @@ class Attempts:
             return Queue(ticket)  # its deployment is paused; it goes again when that ends
         self.last = result
         if verdict is Verdict.AUTH:
-            self._excluded.add(deployment.id)
+            self._excluded |= {deployment.id}
         else:
-            self._failed.add(deployment.id)
-            self._failed_providers.add(deployment.provider)
+            self._failed |= {deployment.id}
+            self._failed_providers |= {deployment.provider}
         if self.attempts >= self.engine.retry.max_attempts:
             return self._give_up(now)
         return self._route(now)
@@ -240,7 +246,7 @@ class Attempts:
                           retry_after_s=last.retry_after_s if last else None)
         if now + pause >= plan.deadline:
             return self._give_up(now)
-        self._pending = usable
+        self._pending = tuple(usable)
         return Wait(now + pause)
 
     def _degrade(self, ranked: list[Deployment], now: float) -> Command:
@@ -258,7 +264,7 @@ class Attempts:
                              "too long.", retry_after=decision.retry_after_s))
         return self._queue(list(decision.deployments), now)
 
-    def _queue(self, candidates: list[Deployment], now: float) -> Command:
+    def _queue(self, candidates: Sequence[Deployment], now: float) -> Command:
         plan = self.plan
         estimate, size = self.engine.service_s(plan, candidates[0])
         ids = tuple(d.id for d in candidates)

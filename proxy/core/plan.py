@@ -8,7 +8,7 @@ from .request import Call
 from .route import ModelRoute
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     call: Call
     route: ModelRoute

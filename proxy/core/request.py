@@ -31,7 +31,7 @@ class BodyLimits:
     exact_token_chars: int = 16_000  # longer prompts are estimated, not tokenized
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     body: dict[str, Any]
     kind: Kind

@@ -111,7 +111,7 @@ class TicketState(enum.Enum):
     CANCELLED = "cancelled"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     """One call asking for a slot. The fields after ``max_wait_s`` belong to the scheduler.
 

@@ -20,7 +20,7 @@ log = logging.getLogger("proxy.access")
 _PLAIN = re.compile(r"[\w.:/+=@-]+")
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """What the request path learns about one call, filled in as it goes."""
 

@@ -44,7 +44,7 @@ from .upstream import UpstreamRequest, UpstreamResponse
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     """One call's HTTP side: what the client will get, once there is something."""
 
