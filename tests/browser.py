@@ -37,18 +37,32 @@ class Browser:
         self._process = await asyncio.create_subprocess_exec(
             CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        active = Path(self._profile.name) / "DevToolsActivePort"
-        for _ in range(300):
-            if active.exists() and len(active.read_text().splitlines()) == 2:
-                break
-            await asyncio.sleep(0.05)
-        port = active.read_text().splitlines()[0]
         self._session = aiohttp.ClientSession()
-        async with self._session.get(f"http://127.0.0.1:{port}/json/list") as resp:
-            targets = await resp.json()
-        page = next(t for t in targets if t["type"] == "page")
+        page = await self._page(Path(self._profile.name) / "DevToolsActivePort")
         self._ws = await self._session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
         return self
+
+    async def _page(self, active: Path) -> dict[str, Any]:
+        """The page target, once Chromium has written its port and answers on it (it may
+        write the file a moment before it listens, on a loaded machine)."""
+        assert self._session is not None
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            try:
+                lines = active.read_text().splitlines()
+                if len(lines) == 2:
+                    url = f"http://127.0.0.1:{lines[0]}/json/list"
+                    async with self._session.get(url) as resp:
+                        targets = await resp.json()
+                    page = next((t for t in targets if t["type"] == "page"), None)
+                    if page is not None:
+                        return dict(page)
+            except (OSError, aiohttp.ClientError, ValueError):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("Chromium did not open its DevTools port")
+            await asyncio.sleep(0.05)
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         trace: TracebackType | None) -> None:
