@@ -1,4 +1,4 @@
-"""Command line: ``python -m proxy serve|check --config routing.yaml``."""
+"""Command line: ``python -m proxy serve|check|simulate --config routing.yaml``."""
 
 from __future__ import annotations
 
@@ -45,6 +45,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="one line per call on stdout (access_log.format: json or text)")
     check = commands.add_parser("check", help="validate a config and print a summary")
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
+    sim = commands.add_parser(
+        "simulate", help="replay a trace through the real scheduler on a virtual clock")
+    sim.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
+    sim.add_argument("--trace", required=True,
+                     help="CSV (TIMESTAMP,ContextTokens,GeneratedTokens[,tier,key,model,"
+                          "max_tokens]) or .jsonl")
+    sim.add_argument("--speed", type=float, default=1.0,
+                     help="arrivals this many times as fast (default 1)")
+    sim.add_argument("--compare", choices=["fcfs"], help="the same calls first come first served")
+    sim.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
@@ -59,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: ok")
         print(_summary(config))
         return 0
+    if args.command == "simulate":
+        from .sim.cli import simulate_command
+
+        return simulate_command(config, args.trace, args.speed, args.compare, args.json)
     from .http.server import run
 
     host = args.host or config.listen.host

@@ -1,29 +1,104 @@
-"""Request traces in the Azure LLM inference format (``TIMESTAMP,ContextTokens,
-GeneratedTokens``), for the benchmarks and the tests that replay real arrivals."""
+"""Request traces: the Azure LLM inference CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``,
+optionally with ``tier``, ``key``, ``model``, ``max_tokens`` columns) or JSONL objects
+``{"t", "prompt_tokens", "output_tokens", "tier"?, "key"?, "model"?, "max_tokens"?}``, for
+the simulator, the benchmarks and the tests that replay real arrivals."""
 
 from __future__ import annotations
 
 import csv
 import datetime
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SHIPPED_TRACE", "read_trace"]
+from .reader import ConfigError
+
+__all__ = ["SHIPPED_TRACE", "TraceCall", "read_calls", "read_trace"]
 
 # The first 11 minutes of the public Azure conversation trace, shipped with the repo.
 SHIPPED_TRACE = Path(__file__).resolve().parents[2] / "traces/azure_llm_conv_2023_first11min.csv"
+
+
+@dataclass(frozen=True)
+class TraceCall:
+    t: float  # seconds after the trace's first call
+    prompt_tokens: int
+    output_tokens: int  # what the call really produced
+    tier: str | None = None
+    key: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None  # what the client asked for
+
+
+def _count(value: object, where: str, name: str, optional: bool = False) -> int | None:
+    if optional and value in (None, ""):
+        return None
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(f"{where}: {name} must be a whole number") from None
+    if number < 0:
+        raise ConfigError(f"{where}: {name} must not be negative")
+    return number
+
+
+def _text(value: object) -> str | None:
+    return None if value in (None, "") else str(value)
+
+
+def read_calls(path: Path) -> list[TraceCall]:
+    """Every call of the trace at ``path`` (``.jsonl``: JSON lines; else the CSV form),
+    sorted by arrival; raises ConfigError naming the line of a bad row."""
+    calls: list[TraceCall] = []
+    try:
+        with path.open(newline="") as f:
+            if path.suffix == ".jsonl":
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        calls.append(_json_call(line, f"{path}:{number}"))
+            else:
+                first: datetime.datetime | None = None
+                for number, row in enumerate(csv.DictReader(f), 2):
+                    where = f"{path}:{number}"
+                    try:
+                        stamp = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
+                    except (KeyError, TypeError, ValueError):
+                        raise ConfigError(f"{where}: TIMESTAMP is missing or not a time") from None
+                    first = first or stamp
+                    calls.append(TraceCall(
+                        (stamp - first).total_seconds(),
+                        _count(row.get("ContextTokens"), where, "ContextTokens") or 0,
+                        _count(row.get("GeneratedTokens"), where, "GeneratedTokens") or 0,
+                        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
+                        _count(row.get("max_tokens"), where, "max_tokens", optional=True)))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    calls.sort(key=lambda c: c.t)
+    return calls
+
+
+def _json_call(line: str, where: str) -> TraceCall:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        raise ConfigError(f"{where}: not a JSON object") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: not a JSON object")
+    t = row.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
+        raise ConfigError(f"{where}: t must be a number of seconds, at least 0")
+    return TraceCall(
+        float(t), _count(row.get("prompt_tokens", 0), where, "prompt_tokens") or 0,
+        _count(row.get("output_tokens", 0), where, "output_tokens") or 0,
+        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
+        _count(row.get("max_tokens"), where, "max_tokens", optional=True))
 
 
 def read_trace(path: Path, start_s: float = 0.0,
                length_s: float = float("inf")) -> list[tuple[float, int, int]]:
     """(seconds after ``start_s``, prompt tokens, output tokens) of the calls that arrived
     in ``[start_s, start_s + length_s)`` after the trace's first call."""
-    rows: list[tuple[float, int, int]] = []
-    first: datetime.datetime | None = None
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            stamp = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
-            first = first or stamp
-            t = (stamp - first).total_seconds() - start_s
-            if 0 <= t < length_s:
-                rows.append((t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
-    return rows
+    return [(c.t - start_s, c.prompt_tokens, c.output_tokens) for c in read_calls(path)
+            if 0 <= c.t - start_s < length_s]

@@ -1,0 +1,1 @@
+"""What-if simulation: a trace replayed through the proxy's own core on a virtual clock."""

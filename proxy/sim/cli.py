@@ -1,0 +1,41 @@
+"""``python -m proxy simulate``: read the trace, replay it, print the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..config import Config, ConfigError
+from ..config.trace import read_calls
+from .fcfs import fcfs
+from .report import summary, table
+from .run import simulate
+
+
+def simulate_command(config: Config, trace: str, speed: float, compare: str | None,
+                     as_json: bool) -> int:
+    if not speed > 0:
+        print("--speed must be a positive number", file=sys.stderr)
+        return 2
+    try:
+        calls = read_calls(Path(trace))
+    except ConfigError as exc:
+        print(f"invalid trace: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    result = simulate(config, calls, speed)
+    report = summary(config, result)
+    if compare == "fcfs":
+        baseline = fcfs(config, calls, [o.tier for o in result.outcomes], speed)
+        report["fcfs"] = summary(config, baseline)
+    report["took_s"] = round(time.perf_counter() - started, 3)
+    if as_json:
+        print(json.dumps(report))
+        return 0
+    print(table(report, "triage-proxy"))
+    if "fcfs" in report:
+        print(table(report["fcfs"], "first come first served"))  # type: ignore[arg-type]
+    print(f"simulated in {report['took_s']} s")
+    return 0

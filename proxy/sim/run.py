@@ -1,0 +1,199 @@
+"""Replaying a trace through the proxy's own pure core on a virtual clock.
+
+Each call goes the way a live one does: the real classifier (its ``tier`` as an
+``X-Priority`` header, clamped to its key's ``max_tier``), estimator, router, attempt policy,
+scheduler, breakers and rpm/tpm limits, all driven by ``now`` from an event heap instead of
+a loop. A call sent upstream is served for its provider's ``simulate:`` timing (``ttft_s``
++ prompt / ``prefill_tokens_per_s`` + output / ``tokens_per_s``; the ``estimate:`` priors
+for providers of other kinds), producing the trace's ``output_tokens`` (at most its
+``max_tokens`` and the deployment's ``max_output_tokens``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..config import Config
+from ..config.trace import TraceCall
+from ..core.attempts import Attempts, Command, Done, Fail, PassThrough, Queue, Result, Send, Wait
+from ..core.classify import Principal, RequestFacts
+from ..core.engine import Engine
+from ..core.errors import ModelNotFound
+from ..core.fleet import Verdict
+from ..core.request import Call
+from ..core.route import Deployment
+from ..core.scheduler import Ticket
+
+ANONYMOUS = Principal(name="anonymous")
+
+
+@dataclass
+class Outcome:
+    """What became of one call of the trace."""
+
+    arrived: float
+    tier: str = ""
+    wait_s: float = math.nan  # queued time, every pass included
+    code: str | None = None  # the error code of a refused call
+    provider: str | None = None
+    service_s: float = 0.0
+    cost_usd: float = 0.0
+    done_at: float = math.nan
+
+
+@dataclass
+class Simulation:
+    outcomes: list[Outcome]
+    makespan_s: float
+    busy_s: dict[str, float]  # slot-seconds of service per provider
+
+
+def service_s(config: Config, deployment: Deployment, prompt: int, output: int) -> tuple[
+        float, float]:
+    """(time to first token, whole service time) of a call on ``deployment``."""
+    sim = config.providers[deployment.provider].sim
+    if sim is None:
+        priors = config.estimate
+        ttft = priors.ttft_s + prompt * priors.prefill_seconds_per_token
+        return ttft, ttft + output * priors.seconds_per_token
+    ttft = sim.ttft_s + (prompt / sim.prefill_tokens_per_s if sim.prefill_tokens_per_s else 0)
+    return ttft, ttft + output / sim.tokens_per_s
+
+
+class _Replay:
+    def __init__(self, config: Config, speed: float) -> None:
+        self.config = config
+        self.speed = speed
+        self.engine = Engine(
+            scheduler=config.scheduler, classify=config.classify, providers=config.providers,
+            models=config.models, principals=[k.principal for k in config.keys],
+            retry=config.retry, estimate=config.estimate)
+        self.principals = {k.name: k.principal for k in config.keys}
+        self.first_model = next(iter(config.models))
+        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._order = itertools.count()
+        self._wakeup = math.inf
+        self.busy_s = dict.fromkeys(config.providers, 0.0)
+
+    def at(self, when: float, action: Callable[[float], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def run(self, calls: Sequence[TraceCall]) -> list[Outcome]:
+        outcomes = []
+        for row in calls:
+            outcome = Outcome(row.t / self.speed)
+            outcomes.append(outcome)
+            self.at(outcome.arrived, self._arrival(row, outcome))
+        while self._events:
+            now, _, action = heapq.heappop(self._events)
+            if now >= self._wakeup:
+                self._wakeup = math.inf
+            action(now)
+            self._settle(now)
+        return outcomes
+
+    def _arrival(self, row: TraceCall, outcome: Outcome) -> Callable[[float], None]:
+        def arrive(now: float) -> None:
+            model = row.model or self.first_model
+            max_tokens = row.max_tokens
+            call = Call({"model": model}, "chat", model, False, max_tokens, None, False,
+                        prompt_tokens=row.prompt_tokens)
+            headers = {"x-priority": row.tier} if row.tier else {}
+            facts = RequestFacts(headers, model, row.prompt_tokens, "", False, None)
+            principal = self.principals.get(row.key or "", ANONYMOUS)
+            try:
+                plan = self.engine.plan(call, facts, principal, now)
+            except ModelNotFound as exc:  # refused, as live
+                outcome.code, outcome.wait_s, outcome.done_at = exc.code, 0.0, now
+                return
+            outcome.tier = plan.tier_name
+            attempts = Attempts(self.engine, plan)
+            self._do(attempts, attempts.start(now), row, outcome, now)
+
+        return arrive
+
+    def _do(self, attempts: Attempts, command: Command, row: TraceCall, outcome: Outcome,
+            now: float) -> None:
+        match command:
+            case Queue(ticket=ticket):
+                ticket.payload = (attempts, row, outcome)
+                self.engine.scheduler.submit(ticket, now)
+            case Send(deployment=deployment):
+                self._send(attempts, deployment, row, outcome, now)
+            case Wait(until=until):
+                self.at(until, lambda t: self._do(attempts, attempts.resume(t), row, outcome, t))
+            case Fail(error=error):
+                outcome.code = error.code
+                self._finish(attempts, outcome, now)
+            case PassThrough():
+                outcome.code = "upstream_error"
+                self._finish(attempts, outcome, now)
+            case Done():
+                self._finish(attempts, outcome, now)
+
+    def _send(self, attempts: Attempts, deployment: Deployment, row: TraceCall,
+              outcome: Outcome, now: float) -> None:
+        output = row.output_tokens
+        if row.max_tokens is not None:
+            output = min(output, row.max_tokens)
+        output = min(output, deployment.max_output_tokens)
+        ttft, took = service_s(self.config, deployment, row.prompt_tokens, output)
+        outcome.provider = deployment.provider
+        outcome.service_s = took
+        outcome.cost_usd = deployment.cost(row.prompt_tokens, output)
+        self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
+        result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
+                        completion_tokens=output, ttft_s=ttft)
+        self.at(now + took, lambda t: self._do(attempts, attempts.finished(result, t), row,
+                                               outcome, t))
+
+    def _finish(self, attempts: Attempts, outcome: Outcome, now: float) -> None:
+        outcome.wait_s = attempts.queue_s
+        outcome.done_at = now
+        if attempts.ticket is not None:  # a reload never happens here: the name is current
+            outcome.tier = self.engine.tier_names[attempts.ticket.tier]
+
+    @staticmethod
+    def _owner(ticket: Ticket) -> tuple[Attempts, TraceCall, Outcome]:
+        owner: tuple[Attempts, TraceCall, Outcome] = ticket.payload  # type: ignore[assignment]
+        return owner
+
+    def _settle(self, now: float) -> None:
+        """Act on the scheduler's decisions, then arm its next wake-up."""
+        scheduler = self.engine.scheduler
+        while decisions := scheduler.take():
+            for rejection in decisions.rejections:
+                attempts, row, outcome = self._owner(rejection.ticket)
+                self._do(attempts, attempts.refused(rejection.code, rejection.retry_after_s,
+                                                    now), row, outcome, now)
+            for dispatch in decisions.dispatches:
+                attempts, row, outcome = self._owner(dispatch.ticket)
+                self._do(attempts, attempts.granted(dispatch.deployment, now), row, outcome,
+                         now)
+        wakeup = scheduler.next_wakeup(now)
+        if wakeup is not None and wakeup < self._wakeup:
+            self._wakeup = wakeup if wakeup > now else now + 1e-6  # time always moves on
+            self.at(self._wakeup, scheduler.advance)
+
+
+def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> Simulation:
+    """Every call of ``calls`` replayed through ``config`` (arrivals ``speed`` times as
+    fast); each ends served or refused with a code."""
+    if not speed > 0:
+        raise ValueError("speed must be positive")
+    replay = _Replay(config, speed)
+    outcomes = replay.run(calls)
+    return Simulation(outcomes, makespan(outcomes), replay.busy_s)
+
+
+def makespan(outcomes: Sequence[Outcome]) -> float:
+    """From the first arrival to the last call's end (served, or refused)."""
+    if not outcomes:
+        return 0.0
+    ends = [o.done_at if not math.isnan(o.done_at) else o.arrived + (
+        0.0 if math.isnan(o.wait_s) else o.wait_s) for o in outcomes]
+    return max(ends) - min(o.arrived for o in outcomes)

@@ -1,0 +1,147 @@
+"""``python -m proxy simulate``: traces in both forms, the real core replayed on a virtual
+clock (every call ends served or refused, keys clamp tiers, priorities beat FCFS), and the
+command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
+from proxy.sim.fcfs import fcfs
+from proxy.sim.report import summary
+from proxy.sim.run import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG: dict[str, Any] = {
+    "tiers": [{"name": "critical", "max_wait_s": 60}, {"name": "normal", "max_wait_s": 600},
+              {"name": "low", "max_wait_s": 3600}],
+    "classify": {"default_tier": "normal", "keys": [
+        {"name": "app", "key": "a", "tier": "normal", "max_tier": "critical"},
+        {"name": "batch", "key": "b", "tier": "low"}]},
+    "providers": [{"name": "sim", "kind": "simulated", "max_concurrency": 2,
+                   "simulate": {"ttft_s": 0.1, "tokens_per_s": 100}}],
+    "models": {"m": [{"provider": "sim", "model": "s", "input_cost": 1, "output_cost": 2}]},
+}
+
+
+def test_traces_are_read_in_both_forms(tmp_path: Path) -> None:
+    csv = tmp_path / "t.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,tier,key,model,max_tokens\n"
+                   "2023-11-16 18:15:46.6805900,374,44,critical,app,m,100\n"
+                   "2023-11-16 18:15:46.1805900,10,5,,,,\n")
+    assert read_calls(csv) == [TraceCall(-0.5, 10, 5), TraceCall(0.0, 374, 44, "critical",
+                                                                 "app", "m", 100)]
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"t": 1.5, "prompt_tokens": 3, "output_tokens": 4, "tier": "low"}\n\n'
+                     '{"t": 0, "prompt_tokens": 1, "output_tokens": 2, "max_tokens": 9}\n')
+    assert read_calls(jsonl) == [TraceCall(0.0, 1, 2, max_tokens=9),
+                                 TraceCall(1.5, 3, 4, tier="low")]
+    assert len(read_calls(SHIPPED_TRACE)) == 3168
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("t.jsonl", '{"t": -1}\n', "t.jsonl:1: t must be a number of seconds"),
+    ("t.jsonl", '{"t": 0}\n[1]\n', "t.jsonl:2: not a JSON object"),
+    ("t.jsonl", '{"t": 0, "prompt_tokens": "x"}\n', "t.jsonl:1: prompt_tokens must be a whole"),
+    ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nnope,1,2\n", "t.csv:2: TIMESTAMP"),
+    ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-1,2\n",
+     "t.csv:2: ContextTokens must not be negative"),
+])
+def test_a_bad_row_is_named(tmp_path: Path, name: str, text: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_calls(path)
+    assert message in str(info.value)
+
+
+def workload() -> list[TraceCall]:
+    """A burst of batch work, and urgent calls arriving through it."""
+    calls = [TraceCall(i * 0.05, 100, 200, key="batch") for i in range(200)]
+    calls += [TraceCall(1.0 + i * 0.5, 50, 50, tier="critical", key="app") for i in range(30)]
+    calls += [TraceCall(2.0 + i * 0.7, 50, 100, key="app") for i in range(20)]
+    return sorted(calls, key=lambda c: c.t)
+
+
+def test_every_call_ends_and_priorities_beat_fcfs() -> None:
+    config = parse_config(CONFIG, {})
+    calls = workload()
+    result = simulate(config, calls)
+    assert len(result.outcomes) == len(calls)
+    assert all(o.code is not None or o.done_at >= o.arrived for o in result.outcomes)
+    report = summary(config, result)
+    baseline = summary(config, fcfs(config, calls, [o.tier for o in result.outcomes]))
+    tiers, fifo = report["tiers"], baseline["tiers"]
+    assert isinstance(tiers, dict) and isinstance(fifo, dict)
+    assert {name: t["n"] for name, t in tiers.items()} == {"critical": 30, "normal": 20,
+                                                            "low": 200}
+    assert tiers["critical"]["p99"] < 3.0 < fifo["critical"]["p99"]
+    assert tiers["normal"]["mean"] < fifo["normal"]["mean"]
+    # About the same work takes about as long (FCFS drops the urgent calls it kept waiting).
+    assert report["calls"] == baseline["calls"] == 250
+    assert fifo["critical"]["timeouts"] > 0 == tiers["critical"]["timeouts"]
+    span, fifo_span = float(report["makespan_s"]), float(baseline["makespan_s"])  # type: ignore[arg-type]
+    assert abs(span - fifo_span) < 0.1 * fifo_span
+    providers = report["providers"]
+    assert isinstance(providers, dict) and providers["sim"]["utilisation"] > 0.9
+
+
+def test_keys_clamp_the_trace_tier_and_unknown_models_are_refused() -> None:
+    config = parse_config(CONFIG, {})
+    calls = [TraceCall(0, 10, 10, tier="critical", key="batch"),
+             TraceCall(0, 10, 10, tier="critical", key="app"),
+             TraceCall(0, 10, 10, model="nope")]
+    outcomes = simulate(config, calls).outcomes
+    assert [o.tier for o in outcomes[:2]] == ["low", "critical"]
+    assert outcomes[2].code == "model_not_found"
+
+
+def test_speed_compresses_arrivals() -> None:
+    config = parse_config(CONFIG, {})
+    calls = [TraceCall(i * 10.0, 10, 10) for i in range(10)]
+    slow, fast = simulate(config, calls), simulate(config, calls, speed=10)
+    assert slow.makespan_s > 90 and fast.makespan_s < 10
+    with pytest.raises(ValueError):
+        simulate(config, calls, speed=0)
+
+
+def test_the_command_line(tmp_path: Path) -> None:
+    config = tmp_path / "routing.yaml"
+    config.write_text(json.dumps(CONFIG))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"t": c.t, "prompt_tokens": c.prompt_tokens,
+                                           "output_tokens": c.output_tokens, "tier": c.tier,
+                                           "key": c.key}) for c in workload()))
+    base = [sys.executable, "-m", "proxy", "simulate", "--config", str(config)]
+    result = subprocess.run([*base, "--trace", str(trace), "--compare", "fcfs", "--json"],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["calls"] == 250 and set(report["fcfs"]["tiers"]) == {"critical", "normal",
+                                                                       "low"}
+    assert set(report["tiers"]["critical"]) >= {"n", "mean", "p50", "p99", "max", "timeouts",
+                                                "evicted"}
+    text = subprocess.run([*base, "--trace", str(trace)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, check=True).stdout
+    assert "critical" in text and "utilisation: sim" in text
+    for extra, message in ((["--trace", str(tmp_path / "missing.csv")], "cannot read"),
+                           (["--trace", str(trace), "--speed", "0"], "--speed")):
+        bad = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60,
+                             cwd=ROOT, check=False)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_the_shipped_trace_simulates_in_well_under_a_few_seconds() -> None:
+    config = parse_config(CONFIG, {})
+    calls = read_calls(SHIPPED_TRACE)
+    started = time.perf_counter()
+    result = simulate(config, calls)
+    took = time.perf_counter() - started
+    assert len(result.outcomes) == 3168 and took < 5.0
