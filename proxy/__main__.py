@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     sim = commands.add_parser(
         "simulate", help="replay a trace through the real scheduler on a virtual clock")
-    sim.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
+    sim.add_argument("--config", action="append", dest="configs", metavar="PATH",
+                     help="the routing table (default routing.yaml); a second one is "
+                          "compared with the first on the same trace")
     sim.add_argument("--trace", required=True,
                      help="CSV (TIMESTAMP,ContextTokens,GeneratedTokens[,tier,key,model,"
                           "max_tokens]) or .jsonl")
@@ -60,8 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "simulate":
+        args.config, *others = args.configs or ["routing.yaml"]
     try:
         config = load_config(args.config)
+        other = None
+        if args.command == "simulate" and others:
+            if len(others) > 1:
+                print("simulate compares at most two configs", file=sys.stderr)
+                return 2
+            other = load_config(others[0])
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
         return 2
@@ -72,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         from .sim.cli import simulate_command
 
-        return simulate_command(config, args.trace, args.speed, args.compare, args.json)
+        return simulate_command(config, args.trace, args.speed, args.compare, args.json,
+                                other)
     from .http.server import run
 
     host = args.host or config.listen.host

@@ -15,7 +15,8 @@ from .run import simulate
 
 
 def simulate_command(config: Config, trace: str, speed: float, compare: str | None,
-                     as_json: bool) -> int:
+                     as_json: bool, other: Config | None = None) -> int:
+    """``other``: a second routing table, replayed on the same trace as ``against``."""
     if not speed > 0:
         print("--speed must be a positive number", file=sys.stderr)
         return 2
@@ -30,6 +31,8 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
     if compare == "fcfs":
         baseline = fcfs(config, calls, [o.tier for o in result.outcomes], speed)
         report["fcfs"] = summary(config, baseline)
+    if other is not None:
+        report["against"] = summary(other, simulate(other, calls, speed))
     report["took_s"] = round(time.perf_counter() - started, 3)
     if as_json:
         print(json.dumps(report))
@@ -37,5 +40,7 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
     print(table(report, "triage-proxy"))
     if "fcfs" in report:
         print(table(report["fcfs"], "first come first served"))  # type: ignore[arg-type]
+    if "against" in report:
+        print(table(report["against"], "the second config"))  # type: ignore[arg-type]
     print(f"simulated in {report['took_s']} s")
     return 0

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..config.trace import TraceCall
-from .run import Outcome, Simulation, makespan, service_s
+from .run import Outcome, Simulation, Waiting, makespan, service_s
 
 
 def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
@@ -27,6 +27,13 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
     first_model = next(iter(config.models))
     outcomes = [Outcome(c.t / speed, tier) for c, tier in zip(calls, tiers, strict=True)]
     waiting: list[int] = []  # in arrival order
+    rank = {name: i for i, name in enumerate(config.tier_names)}
+    counted = Waiting(len(rank))
+
+    def pools(i: int) -> set[str]:
+        route = config.models.get(calls[i].model or first_model)
+        return set() if route is None else {d.provider for d in route.candidates}
+
     events: list[tuple[float, int, int, str | None]] = []  # (time, order, call, provider)
     order = itertools.count()
     for i, outcome in enumerate(outcomes):
@@ -37,6 +44,7 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
             free[done] += 1
         else:
             waiting.append(index)
+            counted.add(pools(index), rank.get(outcomes[index].tier, 0))
         kept: list[int] = []
         for position, i in enumerate(waiting):
             if not any(free.values()):
@@ -46,6 +54,7 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
             limit = max_wait.get(outcome.tier, math.inf)
             if now - outcome.arrived >= limit:  # gave up while it waited
                 outcome.code, outcome.wait_s = "queue_timeout", limit
+                counted.add(pools(i), rank.get(outcome.tier, 0), -1)
                 continue
             route = config.models.get(call.model or first_model)
             if route is None:
@@ -58,6 +67,8 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
             output = min(call.output_tokens, call.max_tokens or call.output_tokens,
                          deployment.max_output_tokens)
             took = service_s(config, deployment, call.prompt_tokens, output)[1]
+            counted.add(pools(i), rank.get(outcome.tier, 0), -1)
+            counted.started(deployment.provider, rank.get(outcome.tier, 0))
             free[deployment.provider] -= 1
             busy[deployment.provider] += took
             outcome.wait_s, outcome.service_s = now - outcome.arrived, took
@@ -70,4 +81,4 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
         outcome = outcomes[i]
         outcome.code = "queue_timeout"
         outcome.wait_s = max_wait.get(outcome.tier, math.inf)
-    return Simulation(outcomes, makespan(outcomes), busy)
+    return Simulation(outcomes, makespan(outcomes), busy, counted.inversions)

@@ -38,6 +38,7 @@ def summary(config: Config, simulation: Simulation) -> dict[str, object]:
         "calls": len(simulation.outcomes),
         "unclassified": len(unclassified),
         "makespan_s": round(span, 3),
+        "inversions": simulation.inversions,
         "tiers": tiers,
         "providers": {
             name: {"utilisation": round(simulation.busy_s.get(name, 0.0)
@@ -57,7 +58,8 @@ def table(report: dict[str, object], title: str) -> str:
     tiers = report["tiers"]
     providers = report["providers"]
     assert isinstance(tiers, dict) and isinstance(providers, dict)
-    lines = [f"{title}: {report['calls']} calls, makespan {float(report['makespan_s']):.1f} s",  # type: ignore[arg-type]
+    lines = [f"{title}: {report['calls']} calls, makespan {float(report['makespan_s']):.1f} s, "  # type: ignore[arg-type]
+             f"{report['inversions']} priority inversions",
              f"  {'tier':<12}{'n':>7}{'mean':>10}{'p50':>10}{'p99':>10}{'max':>10}"
              f"{'timeouts':>10}{'evicted':>9}{'refused':>9}{'cost $':>11}"]
     for name, t in tiers.items():

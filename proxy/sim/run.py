@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..config import Config
@@ -26,7 +26,7 @@ from ..core.errors import ModelNotFound
 from ..core.fleet import Verdict
 from ..core.request import Call
 from ..core.route import Deployment
-from ..core.scheduler import Ticket
+from ..core.scheduler import Ticket, TicketState
 
 ANONYMOUS = Principal(name="anonymous")
 
@@ -50,6 +50,27 @@ class Simulation:
     outcomes: list[Outcome]
     makespan_s: float
     busy_s: dict[str, float]  # slot-seconds of service per provider
+    # Starts of a call while a more urgent one that could use the same provider waited
+    # (the fair share gives lower tiers their weighted turns: not all of these are wrong).
+    inversions: int = 0
+
+
+class Waiting:
+    """Calls waiting, counted per provider and tier, for priority inversions."""
+
+    def __init__(self, tiers: int) -> None:
+        self._tiers = tiers
+        self._counts: dict[str, list[int]] = {}
+        self.inversions = 0
+
+    def add(self, providers: Iterable[str], tier: int, delta: int = 1) -> None:
+        for provider in providers:
+            self._counts.setdefault(provider, [0] * self._tiers)[tier] += delta
+
+    def started(self, provider: str, tier: int) -> None:
+        """A call of ``tier`` (no longer counted as waiting) started on ``provider``."""
+        if any(self._counts.get(provider, [0] * self._tiers)[:tier]):
+            self.inversions += 1
 
 
 def service_s(config: Config, deployment: Deployment, prompt: int, output: int) -> tuple[
@@ -78,6 +99,10 @@ class _Replay:
         self._order = itertools.count()
         self._wakeup = math.inf
         self.busy_s = dict.fromkeys(config.providers, 0.0)
+        self.waiting = Waiting(len(config.tiers))
+        self._providers = {d.id: d.provider for route in config.models.values()
+                           for d in route.candidates}
+        self._queued: dict[Ticket, tuple[tuple[str, ...], int]] = {}
 
     def at(self, when: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
@@ -122,6 +147,10 @@ class _Replay:
             case Queue(ticket=ticket):
                 ticket.payload = (attempts, row, outcome)
                 self.engine.scheduler.submit(ticket, now)
+                if ticket.state is TicketState.QUEUED:
+                    pools = tuple({self._providers[d] for d in ticket.candidates})
+                    self._queued[ticket] = (pools, ticket.current_tier)
+                    self.waiting.add(pools, ticket.current_tier)
             case Send(deployment=deployment):
                 self._send(attempts, deployment, row, outcome, now)
             case Wait(until=until):
@@ -157,6 +186,12 @@ class _Replay:
         if attempts.ticket is not None:  # a reload never happens here: the name is current
             outcome.tier = self.engine.tier_names[attempts.ticket.tier]
 
+    def _left(self, ticket: Ticket) -> None:
+        """The ticket is no longer waiting (as it was counted when it queued)."""
+        found = self._queued.pop(ticket, None)
+        if found is not None:
+            self.waiting.add(found[0], found[1], -1)
+
     @staticmethod
     def _owner(ticket: Ticket) -> tuple[Attempts, TraceCall, Outcome]:
         owner: tuple[Attempts, TraceCall, Outcome] = ticket.payload  # type: ignore[assignment]
@@ -167,10 +202,13 @@ class _Replay:
         scheduler = self.engine.scheduler
         while decisions := scheduler.take():
             for rejection in decisions.rejections:
+                self._left(rejection.ticket)
                 attempts, row, outcome = self._owner(rejection.ticket)
                 self._do(attempts, attempts.refused(rejection.code, rejection.retry_after_s,
                                                     now), row, outcome, now)
             for dispatch in decisions.dispatches:
+                self._left(dispatch.ticket)
+                self.waiting.started(dispatch.pool, dispatch.ticket.current_tier)
                 attempts, row, outcome = self._owner(dispatch.ticket)
                 self._do(attempts, attempts.granted(dispatch.deployment, now), row, outcome,
                          now)
@@ -187,7 +225,7 @@ def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> 
         raise ValueError("speed must be positive")
     replay = _Replay(config, speed)
     outcomes = replay.run(calls)
-    return Simulation(outcomes, makespan(outcomes), replay.busy_s)
+    return Simulation(outcomes, makespan(outcomes), replay.busy_s, replay.waiting.inversions)
 
 
 def makespan(outcomes: Sequence[Outcome]) -> float:
