@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="arrivals this many times as fast (default 1)")
     sim.add_argument("--compare", choices=["fcfs"], help="the same calls first come first served")
     sim.add_argument("--json", action="store_true", help="one JSON object, on the last line")
+    sim.add_argument("--out", metavar="report.html",
+                     help="write a self-contained HTML report with charts")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from .sim.cli import simulate_command
 
         return simulate_command(config, args.trace, args.speed, args.compare, args.json,
-                                other)
+                                other, args.out)
     from .http.server import run
 
     host = args.host or config.listen.host

@@ -143,6 +143,13 @@ def test_the_command_line(tmp_path: Path) -> None:
         [*base, "--config", str(more), "--trace", str(trace), "--json"], capture_output=True,
         text=True, timeout=60, cwd=ROOT, check=True).stdout.strip().splitlines()[-1])
     assert both["against"]["tiers"]["low"]["mean"] < both["tiers"]["low"]["mean"]
+    out = tmp_path / "report.html"
+    subprocess.run([*base, "--trace", str(trace), "--compare", "fcfs", "--out", str(out)],
+                   capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    page = out.read_text()
+    for series in ('data-series="critical"', 'data-series="low (FCFS)"', "sim (of 2)"):
+        assert series in page
+    assert "<script" not in page and "http" not in page  # self-contained
     for extra, message in ((["--trace", str(tmp_path / "missing.csv")], "cannot read"),
                            (["--trace", str(trace), "--speed", "0"], "--speed")):
         bad = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60,

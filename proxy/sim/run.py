@@ -15,7 +15,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import Config
 from ..config.trace import TraceCall
@@ -46,6 +46,17 @@ class Outcome:
 
 
 @dataclass
+class Series:
+    """Queue depth per tier and calls in flight per provider, once per ``step_s`` of
+    simulated time (the state in force at each whole step)."""
+
+    step_s: float = 1.0
+    times: list[float] = field(default_factory=list)
+    depth: dict[str, list[int]] = field(default_factory=dict)
+    inflight: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
 class Simulation:
     outcomes: list[Outcome]
     makespan_s: float
@@ -53,6 +64,7 @@ class Simulation:
     # Starts of a call while a more urgent one that could use the same provider waited
     # (the fair share gives lower tiers their weighted turns: not all of these are wrong).
     inversions: int = 0
+    series: Series | None = None
 
 
 class Waiting:
@@ -103,6 +115,9 @@ class _Replay:
         self._providers = {d.id: d.provider for route in config.models.values()
                            for d in route.candidates}
         self._queued: dict[Ticket, tuple[tuple[str, ...], int]] = {}
+        self.series = Series(depth={t: [] for t in config.tier_names},
+                             inflight={p: [] for p in config.providers})
+        self._next_sample = math.nan
 
     def at(self, when: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
@@ -115,11 +130,29 @@ class _Replay:
             self.at(outcome.arrived, self._arrival(row, outcome))
         while self._events:
             now, _, action = heapq.heappop(self._events)
+            self._sample(now)
             if now >= self._wakeup:
                 self._wakeup = math.inf
             action(now)
             self._settle(now)
         return outcomes
+
+    def _sample(self, now: float) -> None:
+        """Record the state that held until ``now`` at every whole step before it."""
+        series, scheduler = self.series, self.engine.scheduler
+        if math.isnan(self._next_sample):
+            self._next_sample = math.floor(now)
+        if self._next_sample >= now:
+            return
+        depth = {t: scheduler.depth(i) for i, t in enumerate(self.config.tier_names)}
+        inflight = {p: scheduler.inflight(p) for p in series.inflight}
+        while self._next_sample < now:
+            series.times.append(self._next_sample)
+            for tier, count in depth.items():
+                series.depth[tier].append(count)
+            for provider, count in inflight.items():
+                series.inflight[provider].append(count)
+            self._next_sample += series.step_s
 
     def _arrival(self, row: TraceCall, outcome: Outcome) -> Callable[[float], None]:
         def arrive(now: float) -> None:
@@ -225,7 +258,8 @@ def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> 
         raise ValueError("speed must be positive")
     replay = _Replay(config, speed)
     outcomes = replay.run(calls)
-    return Simulation(outcomes, makespan(outcomes), replay.busy_s, replay.waiting.inversions)
+    return Simulation(outcomes, makespan(outcomes), replay.busy_s, replay.waiting.inversions,
+                      replay.series)
 
 
 def makespan(outcomes: Sequence[Outcome]) -> float:
