@@ -59,11 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     sim.add_argument("--out", metavar="report.html",
                      help="write a self-contained HTML report with charts")
+    fitting = commands.add_parser(
+        "fit", help="fit each provider's simulate: timing from a JSON access log")
+    fitting.add_argument("--log", required=True, help="the proxy's JSON access log")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "fit":
+        from .sim.fit import fit_command
+
+        try:
+            return fit_command(args.log)
+        except ConfigError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
     if args.command == "simulate":
         args.config, *others = args.configs or ["routing.yaml"]
     try:

@@ -4,6 +4,7 @@ command line."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -164,3 +165,40 @@ def test_the_shipped_trace_simulates_in_well_under_a_few_seconds() -> None:
     result = simulate(config, calls)
     took = time.perf_counter() - started
     assert len(result.outcomes) == 3168 and took < 5.0
+
+
+async def test_observe_then_replay(aiohttp_client: Any, counter: Any, tmp_path: Path) -> None:
+    """The proxy's own JSON access log is a trace, and fits the latency model."""
+    from aiohttp.test_utils import TestClient
+
+    from proxy.http.app import build_app
+    from proxy.sim.fit import fit
+
+    config = parse_config({**CONFIG, "providers": [
+        {"name": "sim", "kind": "simulated", "max_concurrency": 4,
+         "simulate": {"ttft_s": 0.05, "tokens_per_s": 100}}], "access_log": {}}, {})
+    log = io.StringIO()
+    client: TestClient[Any, Any] = await aiohttp_client(build_app(
+        config, counter=counter, access_stream=log))
+    for i in range(8):
+        key, stream = ("a", True) if i % 2 else ("b", i % 4 == 0)
+        resp = await client.post("/v1/chat/completions", headers={
+            "Authorization": f"Bearer {key}", "X-Priority": "critical"}, json={
+            "model": "m", "max_tokens": 20, "stream": stream,
+            "messages": [{"role": "user", "content": "hello"}]})
+        await resp.read()
+    await client.post("/v1/chat/completions", json={"model": "m"})  # refused: not replayed
+    path = tmp_path / "access.log"
+    path.write_text(log.getvalue())
+    calls = read_calls(path)
+    assert len(calls) == 8 and calls[0].t == 0.0 and calls[-1].t > 0
+    assert {(c.key, c.tier) for c in calls} == {("app", "critical"), ("batch", "low")}
+    assert all(c.output_tokens == 20 and c.model == "m" for c in calls)
+    model = fit(path.read_text().splitlines())["sim"]
+    assert model["calls"] == 8
+    assert 0.04 <= model["ttft_s"] <= 0.1 and 60 <= model["tokens_per_s"] <= 120
+    outcomes = simulate(config, calls).outcomes
+    assert [o.tier for o in outcomes].count("critical") == 4
+    result = subprocess.run([sys.executable, "-m", "proxy", "fit", "--log", str(path)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    assert "- name: sim\n  simulate: {ttft_s: " in result.stdout

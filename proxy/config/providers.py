@@ -49,20 +49,11 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
             "tpm": node.optional_integer("tpm", minimum=1),
         }
         if kind == "simulated":
-            sim_node = node.node("simulate")
-            sim = SimSettings(
-                ttft_s=sim_node.number("ttft_s", 0.2),
-                tokens_per_s=sim_node.number("tokens_per_s", 50.0, positive=True),
-                prefill_tokens_per_s=sim_node.number("prefill_tokens_per_s", 0.0),
-                default_output_tokens=sim_node.integer("default_output_tokens", 64, minimum=1),
-                max_output_tokens=sim_node.integer("max_output_tokens", 4096, minimum=1),
-                error_rate=sim_node.number("error_rate", 0.0, maximum=1.0),
-                capacity=sim_node.optional_integer("capacity", minimum=1),
-                seed=sim_node.optional_integer("seed"),
-            )
-            sim_node.check_unknown()
-            provider = Provider(sim=sim, **common)  # type: ignore[arg-type]
+            sim = _simulate(node.node("simulate"))
+            provider = Provider(sim=sim, timing=sim, **common)  # type: ignore[arg-type]
         else:
+            # A real provider's simulate: block is only the simulator's timing model.
+            common["timing"] = _simulate(node.node("simulate")) if node.has("simulate") else None
             provider_or_none = _http_provider(path, node, kind, common, warnings)
             node.check_unknown()
             if provider_or_none is None:
@@ -165,6 +156,21 @@ def parse_models(
     if not models:
         fail("models", "must name at least one model")
     return models
+
+
+def _simulate(node: Node) -> SimSettings:
+    sim = SimSettings(
+        ttft_s=node.number("ttft_s", 0.2),
+        tokens_per_s=node.number("tokens_per_s", 50.0, positive=True),
+        prefill_tokens_per_s=node.number("prefill_tokens_per_s", 0.0),
+        default_output_tokens=node.integer("default_output_tokens", 64, minimum=1),
+        max_output_tokens=node.integer("max_output_tokens", 4096, minimum=1),
+        error_rate=node.number("error_rate", 0.0, maximum=1.0),
+        capacity=node.optional_integer("capacity", minimum=1),
+        seed=node.optional_integer("seed"),
+    )
+    node.check_unknown()
+    return sim
 
 
 def _cache(node: Node) -> CacheSettings:

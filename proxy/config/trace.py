@@ -1,11 +1,13 @@
 """Request traces: the Azure LLM inference CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``,
-optionally with ``tier``, ``key``, ``model``, ``max_tokens`` columns) or JSONL objects
-``{"t", "prompt_tokens", "output_tokens", "tier"?, "key"?, "model"?, "max_tokens"?}``, for
-the simulator, the benchmarks and the tests that replay real arrivals."""
+optionally with ``tier``, ``key``, ``model``, ``max_tokens`` columns), JSONL objects
+``{"t", "prompt_tokens", "output_tokens", "tier"?, "key"?, "model"?, "max_tokens"?}``, or
+the proxy's own JSON access log (``.jsonl`` or ``.log``: observe, then replay), for the
+simulator, the benchmarks and the tests that replay real arrivals."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import json
 from dataclasses import dataclass
@@ -52,10 +54,15 @@ def read_calls(path: Path) -> list[TraceCall]:
     calls: list[TraceCall] = []
     try:
         with path.open(newline="") as f:
-            if path.suffix == ".jsonl":
+            if path.suffix in (".jsonl", ".log"):
                 for number, line in enumerate(f, 1):
                     if line.strip():
-                        calls.append(_json_call(line, f"{path}:{number}"))
+                        call = _json_call(line, f"{path}:{number}")
+                        if call is not None:
+                            calls.append(call)
+                first_t = min((c.t for c in calls), default=0.0)
+                if first_t > ACCESS_LOG_EPOCH:  # access-log times: make them relative
+                    calls = [dataclasses.replace(c, t=c.t - first_t) for c in calls]
             else:
                 first: datetime.datetime | None = None
                 for number, row in enumerate(csv.DictReader(f), 2):
@@ -79,13 +86,15 @@ def read_calls(path: Path) -> list[TraceCall]:
     return calls
 
 
-def _json_call(line: str, where: str) -> TraceCall:
+def _json_call(line: str, where: str) -> TraceCall | None:
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
         raise ConfigError(f"{where}: not a JSON object") from None
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: not a JSON object")
+    if "ts" in row and "t" not in row:
+        return _logged_call(row, where)
     t = row.get("t")
     if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
         raise ConfigError(f"{where}: t must be a number of seconds, at least 0")
@@ -94,6 +103,28 @@ def _json_call(line: str, where: str) -> TraceCall:
         _count(row.get("output_tokens", 0), where, "output_tokens") or 0,
         _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
         _count(row.get("max_tokens"), where, "max_tokens", optional=True))
+
+
+# Seconds since the epoch of 2001: trace times past it are wall-clock times (access logs).
+ACCESS_LOG_EPOCH = 1e9
+GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
+def _logged_call(row: dict[str, object], where: str) -> TraceCall | None:
+    """A line of the proxy's JSON access log as a trace row (arrival, tokens, tier, key,
+    model); None for what never waited for a slot (refused before classification, cache
+    hits, other endpoints)."""
+    if row.get("path") not in GENERATING_PATHS or row.get("tier") is None or row.get(
+            "cache") == "hit":
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(str(row["ts"]).replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{where}: ts is not a time") from None
+    return TraceCall(
+        stamp.timestamp(), _count(row.get("prompt_tokens") or 0, where, "prompt_tokens") or 0,
+        _count(row.get("completion_tokens") or 0, where, "completion_tokens") or 0,
+        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")))
 
 
 def read_trace(path: Path, start_s: float = 0.0,

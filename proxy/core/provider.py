@@ -43,4 +43,5 @@ class Provider:
     rpm: int | None = None
     tpm: int | None = None
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
-    sim: SimSettings | None = None
+    sim: SimSettings | None = None  # the built-in simulated upstream (kind simulated)
+    timing: SimSettings | None = None  # the simulator's timing model (any kind)

@@ -88,7 +88,7 @@ class Waiting:
 def service_s(config: Config, deployment: Deployment, prompt: int, output: int) -> tuple[
         float, float]:
     """(time to first token, whole service time) of a call on ``deployment``."""
-    sim = config.providers[deployment.provider].sim
+    sim = config.providers[deployment.provider].timing
     if sim is None:
         priors = config.estimate
         ttft = priors.ttft_s + prompt * priors.prefill_seconds_per_token
