@@ -16,17 +16,13 @@ import asyncio
 import math
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
+from bench_common import children, loop_factory, percentile
 
-from bench_common import ROOT, children, loop_factory, percentile
-
-sys.path.insert(0, str(ROOT))
-
-from proxy.config import load_config  # noqa: E402
-from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls  # noqa: E402
-from proxy.sim.run import simulate  # noqa: E402
+from proxy.config import load_config
+from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
+from proxy.sim.run import simulate
 
 KEYS = (("chat", "high", 0.3), ("analytics", "normal", 0.3), ("batch", "low", 0.4))
 CONFIG = """\
