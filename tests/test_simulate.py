@@ -257,3 +257,22 @@ def test_the_readme_guarantees_hold_on_real_arrivals(start_s: float) -> None:
     ours_util = ours["providers"]["sim"]["utilisation"]  # type: ignore[index]
     assert ours_util >= theirs["providers"]["sim"]["utilisation"] - 0.03  # type: ignore[index]
     assert int(ours["inversions"]) < int(theirs["inversions"])  # type: ignore[call-overload]
+
+
+def test_provider_faults_are_replayed_as_live() -> None:
+    """429s past a provider's real capacity are absorbed (the adaptive limit learns it);
+    a failing provider trips its breaker and the calls are refused, never hung."""
+    calls = [TraceCall(i * 0.1, 10, 50, key="app") for i in range(100)]
+    throttling = parse_config({**CONFIG, "providers": [
+        {"name": "sim", "kind": "simulated", "max_concurrency": 6,
+         "simulate": {"ttft_s": 0.1, "tokens_per_s": 100, "capacity": 2}}]}, {})
+    result = simulate(throttling, calls)
+    assert all(o.code is None for o in result.outcomes)  # no 429 reached a client
+    assert result.makespan_s < 100 * 0.6 / 2 + 30  # about two at a time, as it allows
+    broken = parse_config({**CONFIG, "providers": [
+        {"name": "sim", "kind": "simulated", "max_concurrency": 6,
+         "breaker": {"consecutive_failures": 3, "cooldown_s": 5},
+         "simulate": {"ttft_s": 0.1, "tokens_per_s": 100, "error_rate": 1.0}}]}, {})
+    codes = {o.code for o in simulate(broken, calls).outcomes}
+    assert None not in codes and codes <= {"upstream_error", "upstream_unavailable"}
+    assert "upstream_unavailable" in codes  # the breaker opened

@@ -5,8 +5,10 @@ Each call goes the way a live one does: the real classifier (its ``tier`` as an
 scheduler, breakers and rpm/tpm limits, all driven by ``now`` from an event heap instead of
 a loop. A call sent upstream is served for its provider's ``simulate:`` timing (``ttft_s``
 + prompt / ``prefill_tokens_per_s`` + output / ``tokens_per_s``; the ``estimate:`` priors
-for providers of other kinds), producing the trace's ``output_tokens`` (at most its
-``max_tokens`` and the deployment's ``max_output_tokens``).
+for providers without one), producing the trace's ``output_tokens`` (at most its
+``max_tokens`` and the deployment's ``max_output_tokens``). A ``simulate:`` block's faults
+apply too: 429 past ``capacity`` calls at once, 500 at ``error_rate`` (seeded: the same
+every run), so the 429 handling, retries and breakers are exercised as live.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,11 +27,13 @@ from ..core.classify import Principal, RequestFacts
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
 from ..core.fleet import Verdict
+from ..core.provider import SimSettings
 from ..core.request import Call
 from ..core.route import Deployment
 from ..core.scheduler import Ticket, TicketState
 
 ANONYMOUS = Principal(name="anonymous")
+REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
 
 
 @dataclass
@@ -118,6 +123,7 @@ class _Replay:
         self.series = Series(depth={t: [] for t in config.tier_names},
                              inflight={p: [] for p in config.providers})
         self._next_sample = math.nan
+        self._rng = random.Random(0)  # the same faults on every run
 
     def at(self, when: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
@@ -199,6 +205,13 @@ class _Replay:
 
     def _send(self, attempts: Attempts, deployment: Deployment, row: TraceCall,
               outcome: Outcome, now: float) -> None:
+        timing = self.config.providers[deployment.provider].timing
+        if timing is not None:  # the simulated provider's faults, as the live one has them
+            refusal = self._refusal(timing, deployment.provider)
+            if refusal is not None:
+                self.at(now + REFUSAL_S, lambda t: self._do(
+                    attempts, attempts.finished(refusal, t), row, outcome, t))
+                return
         output = row.output_tokens
         if row.max_tokens is not None:
             output = min(output, row.max_tokens)
@@ -212,6 +225,16 @@ class _Replay:
                         completion_tokens=output, ttft_s=ttft)
         self.at(now + took, lambda t: self._do(attempts, attempts.finished(result, t), row,
                                                outcome, t))
+
+    def _refusal(self, timing: SimSettings, provider: str) -> Result | None:
+        """A 429 past the provider's ``capacity`` (the call itself already counted in
+        flight), or a 500 at its ``error_rate``; None: it answers."""
+        if timing.capacity is not None and self.engine.scheduler.inflight(
+                provider) > timing.capacity:
+            return Result(Verdict.THROTTLED, status=429)
+        if timing.error_rate and self._rng.random() < timing.error_rate:
+            return Result(Verdict.FAILURE, status=500)
+        return None
 
     def _finish(self, attempts: Attempts, outcome: Outcome, now: float) -> None:
         outcome.wait_s = attempts.queue_s
