@@ -18,7 +18,7 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
 from proxy.sim.fcfs import fcfs
-from proxy.sim.report import summary
+from proxy.sim.report import summary, table
 from proxy.sim.run import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +49,31 @@ def test_traces_are_read_in_both_forms(tmp_path: Path) -> None:
     assert len(read_calls(SHIPPED_TRACE)) == 3168
 
 
+def test_trace_forms_from_the_field(tmp_path: Path) -> None:
+    """An Excel BOM, mixed time zones, a serve log's 'listening' line."""
+    csv = tmp_path / "t.csv"
+    csv.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.6805900,1,2\n2023-11-16T19:15:47.68059+01:00,3,4\n")
+    assert [c.t for c in read_calls(csv)] == [0.0, 1.0]
+    log = tmp_path / "access.log"
+    log.write_text("listening on http://127.0.0.1:8080\n" + json.dumps(
+        {"ts": "2026-11-30T10:00:00.000Z", "path": "/v1/chat/completions", "tier": "low",
+         "key": "batch", "model": "m", "prompt_tokens": 3, "completion_tokens": 4}) + "\n")
+    assert read_calls(log) == [TraceCall(0.0, 3, 4, "low", "batch", "m")]
+
+
+def test_the_time_series_stays_bounded_whatever_the_span() -> None:
+    config = parse_config(CONFIG, {})
+    result = simulate(config, [TraceCall(0.0, 10, 10), TraceCall(1e8, 10, 10)])
+    assert result.series is not None and len(result.series.times) <= 4096
+    assert result.makespan_s > 1e8 - 1
+
+
 @pytest.mark.parametrize(("name", "text", "message"), [
     ("t.jsonl", '{"t": -1}\n', "t.jsonl:1: t must be a number of seconds"),
+    ("t.jsonl", '{"t": Infinity}\n', "t.jsonl:1: t must be a number of seconds"),
+    ("t.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,1\n",
+     "t.csv:1: missing column GeneratedTokens"),
     ("t.jsonl", '{"t": 0}\n[1]\n', "t.jsonl:2: not a JSON object"),
     ("t.jsonl", '{"t": 0, "prompt_tokens": "x"}\n', "t.jsonl:1: prompt_tokens must be a whole"),
     ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nnope,1,2\n", "t.csv:2: TIMESTAMP"),
@@ -104,9 +127,13 @@ def test_keys_clamp_the_trace_tier_and_unknown_models_are_refused() -> None:
     calls = [TraceCall(0, 10, 10, tier="critical", key="batch"),
              TraceCall(0, 10, 10, tier="critical", key="app"),
              TraceCall(0, 10, 10, model="nope")]
-    outcomes = simulate(config, calls).outcomes
+    result = simulate(config, calls)
+    outcomes = result.outcomes
     assert [o.tier for o in outcomes[:2]] == ["low", "critical"]
     assert outcomes[2].code == "model_not_found"
+    report = summary(config, result)
+    assert report["unclassified"] == 1
+    assert "1 refused before a tier" in table(report, "x")
 
 
 def test_speed_compresses_arrivals() -> None:
@@ -152,7 +179,10 @@ def test_the_command_line(tmp_path: Path) -> None:
     for series in ('data-series="critical"', 'data-series="low (FCFS)"', "sim (of 2)"):
         assert series in page
     assert "<script" not in page and "http" not in page  # self-contained
+    empty = tmp_path / "empty.csv"
+    empty.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
     for extra, message in ((["--trace", str(tmp_path / "missing.csv")], "cannot read"),
+                           (["--trace", str(empty)], "no calls in it"),
                            (["--trace", str(trace), "--speed", "0"], "--speed")):
         bad = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60,
                              cwd=ROOT, check=False)

@@ -10,6 +10,9 @@ import csv
 import dataclasses
 import datetime
 import json
+import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,40 +52,69 @@ def _text(value: object) -> str | None:
 
 
 def read_calls(path: Path) -> list[TraceCall]:
-    """Every call of the trace at ``path`` (``.jsonl``: JSON lines; else the CSV form),
-    sorted by arrival; raises ConfigError naming the line of a bad row."""
-    calls: list[TraceCall] = []
+    """Every call of the trace at ``path`` (``.jsonl`` or ``.log``: JSON lines; else the CSV
+    form), sorted by arrival; raises ConfigError naming the line of a bad row. In a
+    ``.log`` file, lines that are not JSON objects (``serve`` prints ``listening on …``
+    to the same stdout as the access log) are skipped."""
     try:
-        with path.open(newline="") as f:
-            if path.suffix in (".jsonl", ".log"):
-                for number, line in enumerate(f, 1):
-                    if line.strip():
-                        call = _json_call(line, f"{path}:{number}")
-                        if call is not None:
-                            calls.append(call)
-                first_t = min((c.t for c in calls), default=0.0)
-                if first_t > ACCESS_LOG_EPOCH:  # access-log times: make them relative
-                    calls = [dataclasses.replace(c, t=c.t - first_t) for c in calls]
-            else:
-                first: datetime.datetime | None = None
-                for number, row in enumerate(csv.DictReader(f), 2):
-                    where = f"{path}:{number}"
-                    try:
-                        stamp = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
-                    except (KeyError, TypeError, ValueError):
-                        raise ConfigError(f"{where}: TIMESTAMP is missing or not a time") from None
-                    first = first or stamp
-                    calls.append(TraceCall(
-                        (stamp - first).total_seconds(),
-                        _count(row.get("ContextTokens"), where, "ContextTokens") or 0,
-                        _count(row.get("GeneratedTokens"), where, "GeneratedTokens") or 0,
-                        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
-                        _count(row.get("max_tokens"), where, "max_tokens", optional=True)))
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            calls = _json_lines(path, f) if path.suffix in (".jsonl", ".log") else _csv(
+                path, f)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     calls.sort(key=lambda c: c.t)
+    return calls
+
+
+def _json_lines(path: Path, lines: Iterable[str]) -> list[TraceCall]:
+    calls = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or (path.suffix == ".log" and not line.lstrip().startswith("{")):
+            continue
+        call = _json_call(line, f"{path}:{number}")
+        if call is not None:
+            calls.append(call)
+    first_t = min((c.t for c in calls), default=0.0)
+    if first_t > ACCESS_LOG_EPOCH:  # access-log times: make them relative
+        calls = [dataclasses.replace(c, t=c.t - first_t) for c in calls]
+    return calls
+
+
+_LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def _stamp(text: str) -> datetime.datetime:
+    """A timestamp as naive UTC (the Azure traces' 7-digit fractions cut to 6)."""
+    stamp = datetime.datetime.fromisoformat(_LONG_FRACTION.sub(r"\1", text.strip()))
+    if stamp.tzinfo is not None:
+        stamp = stamp.astimezone(datetime.UTC).replace(tzinfo=None)
+    return stamp
+
+
+def _csv(path: Path, lines: Iterable[str]) -> list[TraceCall]:
+    reader = csv.DictReader(lines)
+    missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+               if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ConfigError(f"{path}:1: missing column {', '.join(missing)} (the header needs "
+                          "TIMESTAMP,ContextTokens,GeneratedTokens)")
+    calls = []
+    first: datetime.datetime | None = None
+    for number, row in enumerate(reader, 2):
+        where = f"{path}:{number}"
+        try:
+            stamp = _stamp(row["TIMESTAMP"] or "")
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: TIMESTAMP is missing or not a time") from None
+        first = first or stamp
+        calls.append(TraceCall(
+            (stamp - first).total_seconds(),
+            _count(row.get("ContextTokens"), where, "ContextTokens") or 0,
+            _count(row.get("GeneratedTokens"), where, "GeneratedTokens") or 0,
+            _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
+            _count(row.get("max_tokens"), where, "max_tokens", optional=True)))
     return calls
 
 
@@ -96,7 +128,7 @@ def _json_call(line: str, where: str) -> TraceCall | None:
     if "ts" in row and "t" not in row:
         return _logged_call(row, where)
     t = row.get("t")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
         raise ConfigError(f"{where}: t must be a number of seconds, at least 0")
     return TraceCall(
         float(t), _count(row.get("prompt_tokens", 0), where, "prompt_tokens") or 0,

@@ -27,6 +27,9 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
     except ConfigError as exc:
         print(f"invalid trace: {exc}", file=sys.stderr)
         return 2
+    if not calls:
+        print(f"invalid trace: {trace}: no calls in it", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     result = simulate(config, calls, speed)
     report = summary(config, result)

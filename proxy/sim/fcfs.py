@@ -3,6 +3,7 @@
 One queue in arrival order; a free slot of any of a call's candidate providers (in the
 model's order) takes the oldest call it can serve. A call still waiting when its tier's
 ``max_wait_s`` has passed gives up (``queue_timeout``), as a client with that timeout would.
+Only slots and waits are modelled: no rpm/tpm limits, no queue bound, no faults.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def fcfs(config: Config, calls: Sequence[TraceCall], tiers: Sequence[str],
                 counted.add(pools(i), rank.get(outcome.tier, 0), -1)
                 continue
             route = config.models.get(call.model or first_model)
-            if route is None:
-                outcome.code, outcome.wait_s = "model_not_found", 0.0
+            if route is None or not route.candidates:
+                outcome.code = "model_not_found" if route is None else "upstream_unavailable"
+                outcome.wait_s = 0.0
                 continue
             deployment = next((d for d in route.candidates if free[d.provider] > 0), None)
             if deployment is None:

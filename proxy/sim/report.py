@@ -67,6 +67,8 @@ def table(report: dict[str, object], title: str) -> str:
             f"  {name:<12}{t['n']:>7}{_seconds(t['mean']):>10}{_seconds(t['p50']):>10}"
             f"{_seconds(t['p99']):>10}{_seconds(t['max']):>10}{t['timeouts']:>10}"
             f"{t['evicted']:>9}{t['refused']:>9}{t['cost_usd']:>11.4f}")
+    if report.get("unclassified"):
+        lines.append(f"  + {report['unclassified']} refused before a tier (unknown model)")
     lines.append("  utilisation: " + ", ".join(
         f"{name} {p['utilisation'] * 100:.0f}%" for name, p in providers.items()))
     return "\n".join(lines)

@@ -50,15 +50,32 @@ class Outcome:
     done_at: float = math.nan
 
 
+MAX_SAMPLES = 4096  # per series, whatever the simulated span
+
+
 @dataclass
 class Series:
     """Queue depth per tier and calls in flight per provider, once per ``step_s`` of
-    simulated time (the state in force at each whole step)."""
+    simulated time (the state in force at each step). The step starts at one second and
+    doubles whenever the samples pass MAX_SAMPLES (each kept sample the larger of a pair,
+    so peaks survive): memory is bounded whatever the trace's span."""
 
     step_s: float = 1.0
     times: list[float] = field(default_factory=list)
     depth: dict[str, list[int]] = field(default_factory=dict)
     inflight: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, t: float, depth: dict[str, int], inflight: dict[str, int]) -> None:
+        self.times.append(t)
+        for tier, count in depth.items():
+            self.depth[tier].append(count)
+        for provider, count in inflight.items():
+            self.inflight[provider].append(count)
+        if len(self.times) > MAX_SAMPLES:
+            self.times = self.times[::2]
+            for values in (*self.depth.values(), *self.inflight.values()):
+                values[:] = [max(values[i:i + 2]) for i in range(0, len(values), 2)]
+            self.step_s *= 2
 
 
 @dataclass
@@ -153,12 +170,8 @@ class _Replay:
         depth = {t: scheduler.depth(i) for i, t in enumerate(self.config.tier_names)}
         inflight = {p: scheduler.inflight(p) for p in series.inflight}
         while self._next_sample < now:
-            series.times.append(self._next_sample)
-            for tier, count in depth.items():
-                series.depth[tier].append(count)
-            for provider, count in inflight.items():
-                series.inflight[provider].append(count)
-            self._next_sample += series.step_s
+            series.add(self._next_sample, depth, inflight)
+            self._next_sample = series.times[-1] + series.step_s
 
     def _arrival(self, row: TraceCall, outcome: Outcome) -> Callable[[float], None]:
         def arrive(now: float) -> None:
