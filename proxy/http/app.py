@@ -18,6 +18,7 @@ from ..core.tokens import TokenCounter
 from . import admin, forward
 from .access import AccessLog
 from .drain import Lifecycle
+from .janitor import sweeping
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .reload import Reloader
 from .service import Service
@@ -90,6 +91,7 @@ def build_app(
         await app[LIFECYCLE].drain(timeout)
 
     app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(sweeping)
     app.on_shutdown.append(drain)
     app.router.add_post("/v1/chat/completions", forward.chat_completions)
     app.router.add_post("/v1/completions", forward.completions)

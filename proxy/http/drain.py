@@ -22,6 +22,7 @@ class Lifecycle:
         self.draining = False
         self.expired = False  # the drain deadline passed: calls still running are ended
         self._calls: set[asyncio.Task[object]] = set()
+        self.started = 0  # proxied calls ever started
         self._idle = asyncio.Event()
         self._hurry = asyncio.Event()
 
@@ -31,6 +32,7 @@ class Lifecycle:
         task = asyncio.current_task()
         assert task is not None
         self._calls.add(task)
+        self.started += 1
         try:
             yield
         finally:
