@@ -6,9 +6,10 @@ exceptions and frames) waits for a full collection that may not come for a long 
 glibc's malloc keeps the pages it freed. Measured with 10,000 calls queued, then gone:
 236 MiB resident stayed; a full collection and ``malloc_trim`` brought it to 126 MiB.
 
-So once the proxy is idle (no call in progress) after at least ``MIN_CALLS`` calls since
-the last time, it runs one full collection and trims the heap. Idle means no caller waits
-for the pause it costs (tens of milliseconds on a large heap).
+So once the proxy has been quiet for a tick (no call in progress, none started since the
+last tick, so the burst's connections are closed too) after at least ``MIN_CALLS`` calls
+since the last sweep, it runs one full collection and trims the heap. Quiet means no
+caller waits for the pause it costs (tens of milliseconds on a large heap).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .state import LIFECYCLE
 
 log = logging.getLogger(__name__)
 
-EVERY_S = 10.0
+EVERY_S = 5.0
 MIN_CALLS = 1000
 
 
@@ -51,15 +52,20 @@ class Janitor:
         self._min_calls = min_calls
         self._collect = collect
         self._trim = trim
-        self._seen = lifecycle.started
+        self._seen = lifecycle.started  # calls started by the last sweep
+        self._last = lifecycle.started  # ... and by the last tick
         self.sweeps = 0
 
     def tick(self) -> bool:
-        """Sweep if the proxy is idle after enough calls; True if it did."""
+        """Sweep if the proxy has been quiet since the last tick (no call in progress, none
+        started: connections of the burst closed too) after enough calls; True if it did."""
         lifecycle = self._lifecycle
-        if lifecycle.in_progress or lifecycle.started - self._seen < self._min_calls:
+        started = lifecycle.started
+        quiet = not lifecycle.in_progress and started == self._last
+        self._last = started
+        if not quiet or started - self._seen < self._min_calls:
             return False
-        self._seen = lifecycle.started
+        self._seen = started
         self._collect()
         if self._trim is not None:
             self._trim()
