@@ -89,12 +89,12 @@ def test_bad_cache_settings_are_config_errors(cache: dict[str, Any], message: st
 
 async def start(aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
                 fake: FakeUpstream, cache: dict[str, Any] | None = None,
-                access: io.StringIO | None = None) -> Client:
+                access: io.StringIO | None = None, slots: int = 1) -> Client:
     server = await aiohttp_server(fake.app())
     candidates = [{"provider": "p", "model": "up", "input_cost": 1, "output_cost": 1}]
     config = config_from(
         [{"name": "p", "base_url": str(server.make_url("/v1")), "api_key": "sk",
-          "max_concurrency": 1}],
+          "max_concurrency": slots}],
         {"m": {"candidates": candidates, "cache": cache or {"ttl_s": 60}},
          "plain": candidates},
         classify={"keys": [{"name": "app", "key": "app-key"},
@@ -229,6 +229,30 @@ async def test_entries_expire_and_the_cache_is_bounded(
     assert metric(client, 'proxy_cache_entries{model="m"} 2.0')
     await asyncio.sleep(0.4)
     assert await ask(3) == "miss"
+
+
+async def test_identical_calls_wait_for_the_one_in_flight(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    """A burst of identical calls makes one upstream call; the rest wait for its answer
+    without holding a slot, even where slots are free."""
+    fake = FakeUpstream(hold_s=0.3)
+    client = await start(aiohttp_server, aiohttp_client, counter, fake, slots=8)
+    api = sdk(client)
+    answers = await asyncio.gather(*(
+        api.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, seed=9)
+        for _ in range(5)))
+    assert sorted(a.headers["x-proxy-cache"] for a in answers) == ["hit"] * 4 + ["miss"]
+    assert len(fake.seen) == 1
+    assert all(int(a.headers["x-proxy-queue-ms"]) >= 250 for a in answers
+               if a.headers["x-proxy-cache"] == "hit")
+    # The one in flight fails: the others go upstream themselves. Nothing is lost.
+    fake.script.extend(["400"])
+    fake.hold_s = 0.0
+    statuses = await asyncio.gather(*(
+        api.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, seed=10)
+        for _ in range(3)), return_exceptions=True)
+    assert sum(isinstance(s, openai.BadRequestError) for s in statuses) == 1
+    assert 3 <= len(fake.seen) <= 4 and client.app[SERVICE].cache._flights == {}
 
 
 async def test_a_waiting_duplicate_is_answered_from_the_cache_when_its_slot_comes(

@@ -5,7 +5,9 @@ a ``seed``. The key is the SHA-256 of the canonical request: the caller's key na
 never sees another's answers), the public model, and the body with its keys sorted, whole
 numbers written alike (``0`` and ``0.0``) and the fields that do not change the answer left
 out (``stream``, ``stream_options``, ``user``, ``metadata``, ``store``, ``service_tier``).
-An entry is the JSON answer as the upstream gave it (a streamed answer is assembled into
+Identical calls arriving while one of them is on its way upstream wait for its answer
+(until their own deadline) instead of going upstream too. An entry is the JSON answer as
+the upstream gave it (a streamed answer is assembled into
 one when it carries only text), at most ``MAX_ENTRY_BYTES``; a hit is served as JSON, or
 replayed as a valid SSE stream when the call asks to stream. Entries live in a
 ``cachetools.TTLCache`` per model, on the service clock.
@@ -13,6 +15,7 @@ replayed as a valid SSE stream when the call asks to stream. Entries live in a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,6 +70,23 @@ class ResponseCache:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._caches: dict[str, tuple[CacheSettings, TTLCache[bytes, Entry]]] = {}
+        # Misses on their way upstream, by key: identical calls wait for the answer instead
+        # of going upstream too (one entry per call in flight, so bounded by them).
+        self._flights: dict[bytes, asyncio.Event] = {}
+
+    def flight(self, key: bytes) -> asyncio.Event | None:
+        """Set when the identical call now fetching ``key`` is done (None: there is none)."""
+        return self._flights.get(key)
+
+    def take_off(self, key: bytes) -> asyncio.Event:
+        """This call fetches ``key``; ``land`` it however it ends."""
+        event = self._flights[key] = asyncio.Event()
+        return event
+
+    def land(self, key: bytes, event: asyncio.Event) -> None:
+        if self._flights.get(key) is event:
+            del self._flights[key]
+        event.set()
 
     def configure(self, models: Mapping[str, ModelRoute]) -> None:
         """The models' cache settings as configured now: a cache whose settings did not

@@ -91,16 +91,19 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     plan = service.engine.plan(call, facts, principal, arrived)
     record.tier = plan.tier_name
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
+    flight: asyncio.Event | None = None
     if service.cache.applies(call):
-        exchange.cache_key = cache_key(principal.name, call)
+        key = exchange.cache_key = cache_key(principal.name, call)
         record.cache = "miss"
-        hit = _cached(service, exchange, plan.tier_name)
+        hit = _cached(service, exchange, plan.tier_name) or await _follow(service, exchange)
         if hit is not None:
             return hit
         service.metrics.cache_lookups.get(call.model, "miss").inc()
-    _within_budget(service, principal.name)
+        if service.cache.flight(key) is None:
+            flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
     try:
+        _within_budget(service, principal.name)
         with lifecycle.call():
             return await _drive(service, exchange, path)
     except asyncio.CancelledError:
@@ -110,6 +113,8 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
             raise ShuttingDown() from None
         raise
     finally:
+        if flight is not None and exchange.cache_key is not None:
+            service.cache.land(exchange.cache_key, flight)
         record.queue_s = exchange.attempts.queue_s
         in_flight = exchange.attempts.deployment
         if in_flight is not None:  # the client left (or an error escaped) mid-attempt
@@ -127,7 +132,8 @@ def _within_budget(service: Service, key: str) -> None:
             f"{budget.period}.", retry_after=wait_s)
 
 
-def _cached(service: Service, exchange: Exchange, tier_name: str) -> web.Response | None:
+def _cached(service: Service, exchange: Exchange, tier_name: str,
+            waited_s: float | None = None) -> web.Response | None:
     """The cached answer to the call, if there is one now: no slot, no upstream tokens, no
     cost, no budget."""
     call, request = exchange.plan.call, exchange.request
@@ -141,7 +147,8 @@ def _cached(service: Service, exchange: Exchange, tier_name: str) -> web.Respons
     record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
     record.cost_usd = 0.0
     headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
-               "x-proxy-queue-ms": str(round(exchange.attempts.queue_s * 1000)),
+               "x-proxy-queue-ms": str(round(
+                   (exchange.attempts.queue_s if waited_s is None else waited_s) * 1000)),
                "x-proxy-upstream": entry.deployment, "x-proxy-cache": "hit"}
     if not call.stream:
         return web.Response(body=entry.answer, headers=headers,
@@ -149,6 +156,22 @@ def _cached(service: Service, exchange: Exchange, tier_name: str) -> web.Respons
     headers["cache-control"] = "no-cache"
     return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
                         headers=headers, content_type="text/event-stream")
+
+
+async def _follow(service: Service, exchange: Exchange) -> web.Response | None:
+    """An identical call is on its way upstream: wait for it (no slot held, at most until
+    this call's own deadline), then answer from the cache if it left an answer there."""
+    key, plan = exchange.cache_key, exchange.plan
+    flight = None if key is None else service.cache.flight(key)
+    if flight is None:
+        return None
+    started = service.clock.now()
+    try:
+        async with asyncio.timeout(max(plan.deadline - started, 0.0)):
+            await flight.wait()
+    except TimeoutError:
+        return None  # the queue refuses it in its turn
+    return _cached(service, exchange, plan.tier_name, service.clock.now() - started)
 
 
 def _tier(service: Service, exchange: Exchange) -> tuple[int, str]:
