@@ -20,9 +20,14 @@ Everything here is state driven by ``now``; ``proxy.core.scheduler`` is its only
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .scheduler_types import Ticket
+
 GROW_EVERY_S = 10.0
+RETRY_AFTER_MIN_S = 1.0
+RETRY_AFTER_MAX_S = 120.0
 
 
 @dataclass
@@ -155,12 +160,47 @@ class Capacity:
         gate = self.gates[deployment] = Gate(deployment, owner)
         owner.deployments.append(gate)
 
-    def retier(self, tiers: int) -> None:
-        """A new number of tiers: every pool's calls per tier start from zero (the caller
-        counts the running calls in again)."""
+    def set_max(self, name: str, max_concurrency: int, now: float) -> Pool:
+        """A provider's configured concurrency (a new provider is added)."""
+        if max_concurrency < 0:
+            raise ValueError("max_concurrency must not be negative")
+        if name not in self.pools:
+            self.add_pool(name, max_concurrency)
+        pool = self.pools[name]
+        pool.set_max(max_concurrency, now)
+        return pool
+
+    def recount(self, tiers: int, running: Iterable[Ticket]) -> None:
+        """A new number of tiers (a reload): the calls running per tier, counted again
+        from the ``running`` tickets, their tiers already renumbered."""
         self._tiers = tiers
         for pool in self.pools.values():
             pool.running = [0] * tiers
+        for ticket in running:
+            assert ticket.pool is not None
+            self.pools[ticket.pool].running[ticket.current_tier] += 1
+
+    def expected_wait_s(self, deployment: str, ahead_s: float, service_s: float,
+                        now: float) -> float:
+        """``ahead_s`` of queued work and then a call of ``service_s`` shared by the
+        deployment's slots, and at least any pause in force."""
+        gate = self.gates[deployment]
+        pool = gate.pool
+        paused = max(pool.paused_until, gate.paused_until, gate.down_until) - now
+        busy = ahead_s or pool.free(now) <= 0
+        wait = (ahead_s + service_s) / max(pool.limit, 1) if busy else 0.0
+        return max(wait, paused, 0.0)
+
+    def retry_after(self, candidates: tuple[str, ...], ahead_s: float, now: float) -> float:
+        """For a refused call: the soonest a candidate is back when every one is down, else
+        the time its candidates' slots take to serve ``ahead_s`` of queued work."""
+        gates = [self.gates[d] for d in candidates]
+        if all(g.down(now) for g in gates):
+            back = min(g.down_until for g in gates) - now
+            return min(max(back, RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
+        slots = sum(p.limit for p in {g.pool.name: g.pool for g in gates}.values())
+        drain = ahead_s / slots if slots else RETRY_AFTER_MAX_S
+        return min(max(drain, RETRY_AFTER_MIN_S), RETRY_AFTER_MAX_S)
 
     def known_pool(self, pool: str) -> str:
         if pool not in self.pools:

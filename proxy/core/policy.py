@@ -25,7 +25,7 @@ For each free slot of a provider, among the calls that may use it:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .capacity import Gate, Pool
 from .headroom import Headroom
@@ -55,6 +55,31 @@ class Policy:
         self._headroom = headroom
         self._served: dict[str, list[float | None]] = {}  # per provider, per tier
         self.means: dict[str, float] = {}  # mean service seconds, per provider
+
+    def next_wakeup(self, pools: Iterable[Pool], now: float) -> float | None:
+        """When time alone may next change a decision: a deadline; or, for a provider with
+        a call waiting for it, a pause or breaker that ends, a limit that grows back, or
+        (while a free slot is held back from a waiting call) a hold that lapses or a tier
+        promotion."""
+        queues = self._queues
+        if not queues.queued:
+            return None  # every wake-up is for a call that waits
+        soonest = queues.next_deadline()
+        for pool in pools:
+            waiting = [t for t in range(len(self._tiers)) if queues.count(pool.name, t)]
+            if not waiting:
+                continue
+            soonest = min(soonest, pool.next_change(now),
+                          *(g.next_change(now) for g in pool.deployments))
+            held_tier = next((t for t in waiting if self.head(pool, t, now)), None)
+            if pool.free(now) <= 0 or held_tier is None:
+                continue
+            # A free slot and a call that could take it: only a hold keeps them apart.
+            soonest = min(soonest, queues.next_tier_promotion())
+            lapse = self.hold_lapse(pool, held_tier, now)
+            if lapse is not None:
+                soonest = min(soonest, lapse)
+        return soonest if math.isfinite(soonest) else None
 
     def choose(self, pool: Pool, now: float) -> Choice | None:
         """The call ``pool``'s next free slot goes to, with its gate; None: none may have it

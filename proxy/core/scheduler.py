@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from .capacity import Capacity, Gate, Pool
+from .generations import TierMaps
 from .headroom import Headroom
 from .policy import HOLD_PATIENCE, Policy
 from .scheduler_queues import TicketQueues
@@ -43,9 +44,6 @@ from .sharing import FairShare
 
 __all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
            "SchedulerSettings", "Ticket", "TicketState", "TierSpec"]
-
-_RETRY_AFTER_MIN_S = 1.0
-_RETRY_AFTER_MAX_S = 120.0
 
 
 class Scheduler:
@@ -64,7 +62,7 @@ class Scheduler:
         self._out = Decisions()
         self._next_order = 0
         self._running: dict[Ticket, None] = {}  # holding a slot
-        self._tier_maps: list[Sequence[int]] = []  # per reload: old tier -> new tier
+        self._tier_maps = TierMaps()
 
     def _build(self, settings: SchedulerSettings) -> None:
         """The queues and the policy's state for ``settings`` (empty: nothing queued)."""
@@ -85,13 +83,11 @@ class Scheduler:
     def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
                     deployments: Mapping[str, str], tier_map: Sequence[int],
                     now: float) -> None:
-        """A new configuration (a reload), without losing a call: ``tier_map[i]`` is the new
-        index of old tier ``i``. Queued calls keep their place in arrival order, their
-        deadline, level and candidates; calls holding a slot keep it. Providers and
-        deployments are only ever added (one a queued or running call names stays until
-        it is done, and keeps its state: limit, pauses, breaker gates); ``pools`` sets the
-        configured maximum of each. The fair-share and headroom history starts over;
-        providers' mean service times are kept."""
+        """A new configuration (a reload) losing no call: ``tier_map[i]`` is the new index
+        of old tier ``i``. Queued calls keep their arrival order, deadline, level and
+        candidates; running calls keep their slots. Providers and deployments are only
+        added (what a call still names keeps its limit, pauses and gates); ``pools`` sets
+        each one's maximum. Fair-share and headroom history start over."""
         if len(tier_map) != len(self._tiers) or not all(
                 0 <= t < len(settings.tiers) for t in tier_map):
             raise ValueError("tier_map must give every old tier a new one")
@@ -99,33 +95,22 @@ class Scheduler:
         means = self._policy.means
         self._build(settings)
         self._policy.means.update(means)
-        self._capacity.retier(len(settings.tiers))
-        self._tier_maps.append(tuple(tier_map))
+        self._tier_maps.add(tier_map)
         for ticket in [*queued, *self._running]:
-            self._current(ticket)
-        for ticket in self._running:
-            assert ticket.pool is not None
-            self._pools[ticket.pool].running[ticket.current_tier] += 1
+            self._tier_maps.bring_up(ticket, settings.levels)
+        self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
-            if name not in self._pools:
-                self._capacity.add_pool(name, limit)
-            self._pools[name].set_max(limit, now)
+            self._capacity.set_max(name, limit, now)
         for deployment, pool in deployments.items():
             self._capacity.add_gate(deployment, pool)
         for ticket in queued:
             self._queues.add(ticket)
         self._fill_all(now)
 
-    def _current(self, ticket: Ticket) -> None:
-        """Bring a ticket's tiers and level up to the configuration in force (a ticket
-        released before a reload comes back after it, e.g. to be re-tried)."""
-        while ticket.generation < len(self._tier_maps):
-            tier_map = self._tier_maps[ticket.generation]
-            ticket.tier = tier_map[ticket.tier]
-            ticket.ceiling = min(tier_map[ticket.ceiling], ticket.tier)
-            ticket.current_tier = max(tier_map[ticket.current_tier], ticket.ceiling)
-            ticket.generation += 1
-        ticket.level = min(ticket.level, self._settings.levels - 1)
+    @property
+    def generation(self) -> int:
+        """The configuration in force: how many times ``reconfigure`` ran."""
+        return self._tier_maps.generation
 
     # --- calls --------------------------------------------------------------------------
 
@@ -134,9 +119,9 @@ class Scheduler:
         level and deadline); it gets a slot at once if one is free and nothing more
         deserving waits for it."""
         if ticket.state is TicketState.NEW:
-            ticket.generation = len(self._tier_maps)
+            ticket.generation = self._tier_maps.generation
         else:
-            self._current(ticket)
+            self._tier_maps.bring_up(ticket, self._settings.levels)
         first = self._check(ticket)
         if first:
             spec = self._tiers[ticket.tier]
@@ -237,41 +222,15 @@ class Scheduler:
         return out
 
     def next_wakeup(self, now: float) -> float | None:
-        """When ``advance`` next has something to do: a deadline; or, for a provider with a
-        call waiting for it, a pause or breaker that ends, a limit that grows back, or
-        (while a free slot is held back from a waiting call) a hold that lapses or a tier
-        promotion."""
-        if not self._queues.queued:
-            return None  # every wake-up is for a call that waits
-        soonest = self._queues.next_deadline()
-        for name, pool in self._pools.items():
-            waiting = [t for t in range(len(self._tiers)) if self._queues.count(name, t)]
-            if not waiting:
-                continue
-            soonest = min(soonest, pool.next_change(now),
-                          *(g.next_change(now) for g in pool.deployments))
-            free = pool.free(now)
-            held_tier = next((t for t in waiting if self._policy.head(pool, t, now)), None)
-            if free <= 0 or held_tier is None:
-                continue
-            # A free slot and a call that could take it: only a hold keeps them apart.
-            soonest = min(soonest, self._queues.next_tier_promotion())
-            lapse = self._policy.hold_lapse(pool, held_tier, now)
-            if lapse is not None:
-                soonest = min(soonest, lapse)
-        return soonest if math.isfinite(soonest) else None
+        """When ``advance`` next has something to do (``Policy.next_wakeup``)."""
+        return self._policy.next_wakeup(self._pools.values(), now)
 
     # --- capacity -----------------------------------------------------------------------
 
     def set_max(self, pool: str, max_concurrency: int, now: float) -> None:
         """Change a provider's configured concurrency (a new provider is added). Calls
         running above a lowered limit keep their slots until released."""
-        if max_concurrency < 0:
-            raise ValueError("max_concurrency must not be negative")
-        if pool not in self._pools:
-            self._capacity.add_pool(pool, max_concurrency)
-        self._pools[pool].set_max(max_concurrency, now)
-        self._fill(self._pools[pool], now)
+        self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
     def cut(self, pool: str, now: float, bore: int) -> None:
         """A 429 from the provider while ``bore`` other calls ran there: lower its
@@ -351,13 +310,9 @@ class Scheduler:
         """A rough queue wait for a new call of ``tier`` through ``deployment``: the work
         queued at that tier or more urgent ones that this provider could serve, shared by
         its slots, and at least any pause in force."""
-        gate = self._gates[self._capacity.known_gate(deployment)]
-        pool = gate.pool
-        paused = max(pool.paused_until, gate.paused_until, gate.down_until) - now
-        ahead = sum(self._queues.pool_seconds(pool.name, t) for t in range(tier + 1))
-        busy = ahead or pool.free(now) <= 0
-        wait = (ahead + service_s) / max(pool.limit, 1) if busy else 0.0
-        return max(wait, paused, 0.0)
+        pool = self._gates[self._capacity.known_gate(deployment)].pool.name
+        ahead_s = sum(self._queues.pool_seconds(pool, t) for t in range(tier + 1))
+        return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
         tiers = [{"name": spec.name, "weight": self._share.weights[i],
@@ -415,7 +370,9 @@ class Scheduler:
             self._leave(ticket, TicketState.REJECTED, now)
         else:
             ticket.state = TicketState.REJECTED
-        self._out.rejections.append(Rejection(ticket, code, self._retry_after(ticket, now)))
+        ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
+        self._out.rejections.append(Rejection(
+            ticket, code, self._capacity.retry_after(ticket.candidates, ahead_s, now)))
 
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
@@ -435,18 +392,6 @@ class Scheduler:
                 self._reject(victim, "evicted", now)
                 return
         self._reject(ticket, "queue_full", now)
-
-    def _retry_after(self, ticket: Ticket, now: float) -> float:
-        """The soonest a candidate is back for a call whose every candidate is down, else
-        the estimated time to drain the queued work at or above the ticket's tier."""
-        gates = [self._gates[d] for d in ticket.candidates]
-        if all(g.down(now) for g in gates):
-            back = min(g.down_until for g in gates) - now
-            return min(max(back, _RETRY_AFTER_MIN_S), _RETRY_AFTER_MAX_S)
-        ahead = sum(self._queues.queued_s[: ticket.current_tier + 1])
-        slots = sum(p.limit for p in {g.pool.name: g.pool for g in gates}.values())
-        drain = ahead / slots if slots else _RETRY_AFTER_MAX_S
-        return min(max(drain, _RETRY_AFTER_MIN_S), _RETRY_AFTER_MAX_S)
 
     def _check(self, ticket: Ticket) -> bool:
         """Validate a submission; True for a ticket's first."""
