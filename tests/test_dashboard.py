@@ -17,10 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.core.quantile import percentile
 from proxy.core.tokens import TokenCounter
 from proxy.http.access import CallRecord
 from proxy.http.app import build_app
-from proxy.http.live import REJECTIONS, SAMPLES, LiveStats, percentile
+from proxy.http.live import REJECTIONS, SAMPLES, LiveStats
 from proxy.http.state import LIFECYCLE, SERVICE
 
 from .browser import CHROMIUM, Browser

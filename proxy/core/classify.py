@@ -126,6 +126,9 @@ class ClassifySettings:
         return len(self.tier_names) - 1
 
 
+ANONYMOUS = Principal(name="anonymous")  # the caller when no proxy keys are configured
+
+
 @dataclass(frozen=True)
 class RequestFacts:
     """What classification may look at; header names are lower-case."""

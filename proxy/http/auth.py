@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..config import ApiKey
-from ..core.classify import Principal
+from ..core.classify import ANONYMOUS, Principal
 from ..core.errors import InvalidApiKey
 from .edge import secret_digest
-
-ANONYMOUS = Principal(name="anonymous")
 
 
 class Authenticator:

@@ -15,16 +15,12 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..core.quantile import percentile
 from .access import CallRecord
 
 WINDOW_S = 300
 SAMPLES = 128
 REJECTIONS = 50
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile of a sorted, non-empty list."""
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 class _Second:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from ..config import Config
+from ..core.quantile import percentile
 from .run import Simulation
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)] if ordered else 0.0
 
 
 def summary(config: Config, simulation: Simulation) -> dict[str, object]:
@@ -26,7 +22,7 @@ def summary(config: Config, simulation: Simulation) -> dict[str, object]:
         tiers[name] = {
             "n": len(mine),
             "mean": round(sum(waits) / len(waits), 4) if waits else 0.0,
-            "p50": round(_quantile(waits, 0.5), 4), "p99": round(_quantile(waits, 0.99), 4),
+            "p50": round(percentile(waits, 0.5), 4), "p99": round(percentile(waits, 0.99), 4),
             "max": round(waits[-1], 4) if waits else 0.0,
             "timeouts": codes.count("queue_timeout"), "evicted": codes.count("evicted"),
             "refused": sum(1 for c in codes if c not in ("queue_timeout", "evicted")),

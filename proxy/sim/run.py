@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..config import Config
 from ..config.trace import TraceCall
 from ..core.attempts import Attempts, Command, Done, Fail, PassThrough, Queue, Result, Send, Wait
-from ..core.classify import Principal, RequestFacts
+from ..core.classify import ANONYMOUS, RequestFacts
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
 from ..core.fleet import Verdict
@@ -32,7 +32,6 @@ from ..core.request import Call
 from ..core.route import Deployment
 from ..core.scheduler import Ticket, TicketState
 
-ANONYMOUS = Principal(name="anonymous")
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
 
 
