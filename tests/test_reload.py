@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from proxy.http.app import build_app
 from proxy.http.state import SERVICE
 
 from .fakes import FakeUpstream
+from .serving import serving
 
 Factory = Callable[..., Awaitable[Any]]
 Client = TestClient[web.Request, web.Application]
@@ -52,6 +50,19 @@ def write(path: Path, data: dict[str, Any] | str) -> str:
     text = data if isinstance(data, str) else yaml.safe_dump(data)
     path.write_text(text)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+async def failing_and_healthy(aiohttp_server: Factory, failures: int) -> tuple[
+        FakeUpstream, list[str], list[dict[str, Any]]]:
+    """Provider a answers 500 (its breaker opens after ``failures``), provider b answers:
+    the failing fake, both URLs, both providers' config."""
+    fakes = (FakeUpstream(default="500"), FakeUpstream())
+    servers = [await aiohttp_server(f.app()) for f in fakes]
+    urls = [str(s.make_url("/v1")) for s in servers]
+    providers = [{"name": name, "base_url": url, "api_key": "sk",
+                  "breaker": {"consecutive_failures": failures, "cooldown_s": 60}}
+                 for name, url in zip(("a", "b"), urls, strict=True)]
+    return fakes[0], urls, providers
 
 
 async def start(aiohttp_client: Factory, counter: TokenCounter, path: Path) -> Client:
@@ -165,12 +176,8 @@ async def test_an_invalid_file_is_refused_and_the_old_config_keeps_serving(
 async def test_state_survives_for_what_still_exists(
         aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
         tmp_path: Path) -> None:
-    broken, healthy = FakeUpstream(default="500"), FakeUpstream()
-    servers = [await aiohttp_server(f.app()) for f in (broken, healthy)]
-    urls = [str(s.make_url("/v1")) for s in servers]
-    providers = [{"name": name, "base_url": url, "api_key": "sk", "max_concurrency": 4,
-                  "breaker": {"consecutive_failures": 2, "cooldown_s": 60}}
-                 for name, url in zip(("a", "b"), urls, strict=True)]
+    broken, urls, providers = await failing_and_healthy(aiohttp_server, failures=2)
+    providers = [{**p, "max_concurrency": 4} for p in providers]
     path = tmp_path / "routing.yaml"
     write(path, table(urls[0], providers=providers, models={
         "m": [{"provider": "a", "model": "up"}, {"provider": "b", "model": "up"}]}))
@@ -229,15 +236,7 @@ async def test_sighup_reloads_the_real_server(tmp_path: Path) -> None:
             "simulate": {"ttft_s": 0.01, "tokens_per_s": 1000}}]
     data = table("unused", providers=sim, models={"m": [{"provider": "sim", "model": "s"}]})
     write(path, data)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", "0",
-         "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
-        base = line.split()[-1].strip()
+    async with serving(path) as (base, process):
         async with aiohttp.ClientSession(headers=ADMIN) as session:
 
             async def config() -> dict[str, Any]:
@@ -262,10 +261,6 @@ async def test_sighup_reloads_the_real_server(tmp_path: Path) -> None:
                 assert resp.status == 200
         process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process.wait, 30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
 
 
 async def test_a_refused_reload_never_writes_a_secret(
@@ -293,12 +288,7 @@ async def test_a_refused_reload_never_writes_a_secret(
 async def test_what_a_reload_removes_leaves_the_metrics_and_status(
         aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
         tmp_path: Path) -> None:
-    dead, alive = FakeUpstream(default="500"), FakeUpstream()
-    servers = [await aiohttp_server(f.app()) for f in (dead, alive)]
-    urls = [str(s.make_url("/v1")) for s in servers]
-    providers = [{"name": name, "base_url": url, "api_key": "sk",
-                  "breaker": {"consecutive_failures": 1, "cooldown_s": 60}}
-                 for name, url in zip(("a", "b"), urls, strict=True)]
+    _, urls, providers = await failing_and_healthy(aiohttp_server, failures=1)
     path = tmp_path / "routing.yaml"
     write(path, table(urls[0], providers=providers, models={
         "m": [{"provider": "a", "model": "up"}, {"provider": "b", "model": "up"}]}))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,6 +12,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
+
+from .serving import serving
 
 CONFIG = """
 tiers:
@@ -35,20 +35,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 async def proxy(tmp_path: Path) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
     config = tmp_path / "routing.yaml"
     config.write_text(CONFIG)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
-         "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert process.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
-    assert line.startswith("listening on http://127.0.0.1:"), line
-    try:
-        yield line.split()[-1].strip(), process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
+    async with serving(config) as running:
+        yield running
 
 
 async def status(session: aiohttp.ClientSession, base: str) -> dict[str, object]:
@@ -108,15 +96,7 @@ async def test_sigterm_under_load_drains_and_exits_0(tmp_path: Path) -> None:
     silent cut. The process exits 0."""
     config = tmp_path / "routing.yaml"
     config.write_text(DRAIN_CONFIG)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
-         "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert process.stdout is not None
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
-        base = line.split()[-1].strip()
+    async with serving(config) as (base, process):
         url = f"{base}/v1/chat/completions"
         async with aiohttp.ClientSession() as session:
             ending = await session.post(url, json={**CHAT, "stream": True, "max_tokens": 20})
@@ -143,32 +123,21 @@ async def test_sigterm_under_load_drains_and_exits_0(tmp_path: Path) -> None:
             assert "[DONE]" not in cut
             assert 1.8 < time.monotonic() - signalled < 4.0
         assert await asyncio.to_thread(process.wait, 20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
 
 
 async def test_access_log_names_tier_queue_time_and_upstream(tmp_path: Path) -> None:
     config = tmp_path / "routing.yaml"
     config.write_text(CONFIG)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
-         "--access-log"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 30)
-        base = line.split()[-1].strip()
-        async with aiohttp.ClientSession() as session, session.post(
-            f"{base}/v1/chat/completions", json={**CHAT, "max_tokens": 1},
-            headers={"x-request-id": "trace-me"},
-        ) as resp:
-            assert resp.status == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        out, _ = await asyncio.to_thread(process.communicate, None, 20)
+    async with serving(config, "--access-log") as (base, process):
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                f"{base}/v1/chat/completions", json={**CHAT, "max_tokens": 1},
+                headers={"x-request-id": "trace-me"},
+            ) as resp:
+                assert resp.status == 200
+        finally:
+            process.send_signal(signal.SIGTERM)
+            out, _ = await asyncio.to_thread(process.communicate, None, 20)
     access = [orjson.loads(entry) for entry in out.splitlines() if "trace-me" in entry]
     assert len(access) == 1
     assert access[0]["tier"] == "low" and access[0]["upstream"] == "slow/s"
