@@ -34,7 +34,7 @@ from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from .accounting import record_usage
-from .cache import Entry, assemble, cache_key, replay
+from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
 from .service import Service
@@ -306,10 +306,11 @@ async def _send(service: Service, exchange: Exchange, path: str,
                           error=UpstreamError("upstream stream ended before any data"))
         ttft = service.clock.now() - started
         exchange.answer, result = await relay(service, request, headers, deployment, chunks,
-                                              first, strip_usage, keep=key is not None)
+                                              first, strip_usage,
+                                              keep_bytes=MAX_ENTRY_BYTES if key else 0)
         _remember(service, call, result.response_id, deployment)
-        whole = (assemble(call.kind, result.kept) if key is not None and result.kept
-                 and result.verdict is Verdict.SUCCESS else None)
+        whole = (assemble(call.kind, result.kept)
+                 if result.kept and result.verdict is Verdict.SUCCESS else None)
         if key is not None and whole is not None:
             service.cache.put(call.model, key, Entry(
                 whole, deployment.id, _count(result.prompt_tokens),

@@ -25,7 +25,6 @@ from .upstream import UpstreamResponse
 # for the next byte: it may be half of a CRLF).
 _BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?=[^\n]))(?:\r\n|\n|\r(?=[^\n]))")
 MAX_EVENT_BYTES = 8 << 20  # one SSE event held back whole; a larger one breaks the stream
-MAX_KEPT_BYTES = 1 << 20
 # A Responses API stream ends with one of these instead of [DONE].
 TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete",
                                       "response.failed"})
@@ -41,11 +40,12 @@ class StreamTally:
     for. Otherwise the bytes are the upstream's own, cut only at event boundaries.
     """
 
-    def __init__(self, strip_usage: bool, keep: bool = False) -> None:
-        """``keep``: keep the events' data (``kept``) up to ``MAX_KEPT_BYTES`` in all, for
-        the response cache; past that none is kept."""
+    def __init__(self, strip_usage: bool, keep_bytes: int = 0) -> None:
+        """``keep_bytes``: keep the events' data (``kept``) up to that many bytes in all,
+        for the response cache; past that none is kept (0: none at all)."""
         self.strip_usage = strip_usage
-        self.kept: list[bytes] | None = [] if keep else None
+        self._keep_bytes = keep_bytes
+        self.kept: list[bytes] | None = [] if keep_bytes else None
         self._kept_bytes = 0
         self.events = 0
         self.usage: dict[str, Any] | None = None
@@ -94,7 +94,7 @@ class StreamTally:
         self.events += 1
         if self.kept is not None:
             self._kept_bytes += len(data)
-            if self._kept_bytes <= MAX_KEPT_BYTES:
+            if self._kept_bytes <= self._keep_bytes:
                 self.kept.append(data)
             else:
                 self.kept = None
@@ -211,7 +211,7 @@ async def relay(
     chunks: AsyncIterator[bytes],
     first: bytes,
     strip_usage: bool,
-    keep: bool = False,
+    keep_bytes: int = 0,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
@@ -219,7 +219,7 @@ async def relay(
     answer = web.StreamResponse(headers=headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
-    tally = StreamTally(strip_usage, keep)
+    tally = StreamTally(strip_usage, keep_bytes)
     verdict = Verdict.SUCCESS
     request[COMMITTED] = True
     try:
