@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--access-log", action="store_true",
                        help="one line per call on stdout (access_log.format: json or text)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="processes serving one port (more than 1 needs state.backend: "
+                            "redis)")
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     check = commands.add_parser("check", help="validate a config and print a summary")
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
     sim = commands.add_parser(
@@ -97,19 +101,42 @@ def main(argv: list[str] | None = None) -> int:
 
         return simulate_command(config, args.trace, args.speed, args.compare, args.json,
                                 other, args.out)
-    from .http.server import run
-
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
+    if args.workers != 1:
+        return _workers(args, config, host, port)
+    from .http.server import run
+
     if args.access_log:
         config = dataclasses.replace(
             config, access_log=dataclasses.replace(config.access_log, enabled=True))
     try:
-        run(config, host, port, args.config)
+        run(config, host, port, args.config, reuse_port=args.reuse_port)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _workers(args: argparse.Namespace, config: Config, host: str, port: int) -> int:
+    if args.workers < 1 or args.workers > 256:
+        print("--workers must be between 1 and 256", file=sys.stderr)
+        return 2
+    if config.state.backend != "redis":
+        print(f"--workers {args.workers} needs state.backend: redis in {args.config}: the "
+              "processes share provider slots, limits and one priority order through it "
+              "(the memory backend is one process)", file=sys.stderr)
+        return 2
+    from .http.workers import supervise
+
+    child = ["--config", args.config, "--log-level", args.log_level]
+    if args.access_log:
+        child.append("--access-log")
+    try:
+        return supervise(args.workers, host, port, child)
+    except OSError as exc:
+        print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

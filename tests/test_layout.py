@@ -3,8 +3,9 @@
 - ``proxy.core`` is pure: nothing of asyncio, aiohttp or redis, nothing from the drivers
   or the config reader, directly or through a dependency.
 - ``proxy.config`` reads YAML into ``core``'s value types: it imports ``core`` only.
+- ``proxy.state`` (what replicas share: memory or Redis) imports ``core`` and ``config``.
 - The drivers (``proxy.http``, and ``proxy.sim`` on a virtual clock, itself free of I/O
-  libraries) import ``core`` and ``config``, never each other.
+  libraries) import ``core`` and ``config`` (``http`` also ``state``), never each other.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ IO_LIBRARIES = ("asyncio", "aiohttp", "redis", "uvloop")
 ALLOWED = {
     "core": {"core"},
     "config": {"core", "config"},
-    "http": {"core", "config", "http"},
+    "state": {"core", "config", "state"},
+    "http": {"core", "config", "state", "http"},
     "sim": {"core", "config", "sim"},
 }
 

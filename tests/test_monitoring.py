@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.http.metrics import Family, Metrics
@@ -49,14 +50,15 @@ def exposed_series() -> dict[str, Series]:
     for buckets, and the target's ``job``/``instance``). One child per labelled family is
     created so that the exposition shows its samples (and their suffixes)."""
     metrics = Metrics()
-    families = [v for v in vars(metrics).values() if isinstance(v, Family)]
     labels: dict[str, frozenset[str]] = {}
-    for family in families:
-        metric = family.metric
-        labels[metric._name] = frozenset(metric._labelnames)
-        family.get(*("x" for _ in metric._labelnames))
+    for value in vars(metrics).values():
+        if isinstance(value, Family):  # labelled: one child shows its samples
+            labels[value.metric._name] = frozenset(value.metric._labelnames)
+            value.get(*("x" for _ in value.metric._labelnames))
+        elif isinstance(value, Counter | Gauge | Histogram):  # unlabelled
+            labels[value._name] = frozenset()
     registered = {f.name for f in metrics.registry.collect()}
-    assert registered == set(labels), "a registry family is not a Family attribute of Metrics"
+    assert registered == set(labels), "a registry family is not an attribute of Metrics"
     series: dict[str, Series] = {}
     for parsed in text_string_to_metric_families(metrics.render().decode()):
         if parsed.name not in labels:  # the 0.0.4 format shows *_created as gauges of their own

@@ -31,6 +31,7 @@ from ..core.schedules import Schedule
 from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
 from .reader import ConfigError, Node, fail, shown
+from .state import StateSettings, parse_state
 
 __all__ = ["ApiKey", "Config", "ConfigError", "Provider", "load_config", "parse_config"]
 
@@ -81,6 +82,7 @@ class Config:
     admin_sha256: str | None = None  # None: admin endpoints answer loopback clients only
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     drain_timeout_s: float = 30.0  # SIGTERM: how long calls in flight may finish
+    state: StateSettings = field(default_factory=StateSettings)
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -195,6 +197,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         ),
     )
     estimate_node.check_unknown()
+    state = parse_state(root.node("state"))
     root.check_unknown()
     for message in warnings:
         log.warning("%s", message)
@@ -204,6 +207,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
         admin_sha256=admin_sha256, access_log=access_log, drain_timeout_s=drain_timeout_s,
+        state=state,
     )
 
 

@@ -107,7 +107,7 @@ class Result:
 class Attempts:
     __slots__ = ("_excluded", "_failed", "_failed_providers", "_key_open", "_pending",
                  "_sent", "_started", "attempts", "deployment", "engine", "last", "plan",
-                 "ticket", "usage")
+                 "ticket", "usage", "used")
 
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self.engine = engine
@@ -117,6 +117,7 @@ class Attempts:
         self.attempts = 0
         self.last: Result | None = None  # the last failure, passed through if nothing better
         self.usage: Usage | None = None
+        self.used: int | None = None  # tokens the last attempt may have used (None: none)
         self._started = math.nan
         # Grown only on failures (rare): the shared empty frozenset costs a call nothing.
         self._failed: frozenset[str] = frozenset()  # deployments that failed: tried last
@@ -144,9 +145,9 @@ class Attempts:
     def granted(self, deployment_id: str, now: float) -> Command:
         """The scheduler gave ``ticket`` a slot through ``deployment_id``."""
         ticket = self._ticket()
-        deployment = next(d for d in self.plan.route.candidates if d.id == deployment_id)
+        deployment = self.candidate(deployment_id)
         retry = deployment.provider in self._failed_providers
-        start = self.engine.fleet.begin(deployment, retry, self._tokens(deployment), now)
+        start = self.engine.fleet.begin(deployment, retry, self.tokens(deployment), now)
         if start is Start.GO:
             self.deployment = deployment
             self._started = now
@@ -181,9 +182,10 @@ class Attempts:
         succeeded = verdict is Verdict.SUCCESS
         # Tokens the call may have used: what it reported, what it was estimated at once
         # output may have flowed (a stream cut or left), nothing for a refusal.
-        spent = self._tokens(deployment)
+        spent = self.tokens(deployment)
         used = (usage.total if succeeded
                 else spent if result.committed or verdict is Verdict.ABANDONED else None)
+        self.used = used
         self.engine.fleet.end(deployment, verdict, now, self._started, spent, used,
                               result.retry_after_s)
         self.engine.scheduler.release(ticket, now, now - self._started)
@@ -302,7 +304,11 @@ class Attempts:
             self._key_open = False
             self.engine.fleet.settle_key(self.plan.caller, self.plan.tokens, actual, now)
 
-    def _tokens(self, deployment: Deployment) -> int:
+    def candidate(self, deployment_id: str) -> Deployment:
+        return next(d for d in self.plan.route.candidates if d.id == deployment_id)
+
+    def tokens(self, deployment: Deployment) -> int:
+        """What a call through ``deployment`` is charged to its rpm/tpm before it answers."""
         output = min(self.plan.output_tokens, deployment.max_output_tokens)
         return self.plan.prompt_tokens + output * self.plan.call.choices
 

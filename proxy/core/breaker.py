@@ -117,6 +117,17 @@ class Breaker:
             self._probes_out += 1
         return True
 
+    def trip(self, until: float, now: float) -> None:
+        """Open until ``until`` because another replica opened it (its cooldown, not a
+        new one of this breaker's own); nothing if it is open already."""
+        if until <= now or self.state(now) is State.OPEN:
+            return
+        self._open_until = until
+        self.opened_count += 1
+        self._probes_left = 0
+        self._probes_out = 0
+        self._move(State.OPEN, now)
+
     def on_success(self, now: float, started: float | None = None) -> None:
         state = self.state(now)
         if self._stale(started):

@@ -20,6 +20,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     │   ├── QueueTimeout          queue_timeout
     │   ├── Shed                  shed (expected wait past the model's degrade.shed_wait_s)
     │   ├── ShuttingDown          shutting_down (draining: the call cannot finish in time)
+    │   ├── StateUnavailable      state_unavailable (Redis unreachable, state.on_error: reject)
     │   └── UpstreamUnavailable   upstream_unavailable
     └── UpstreamError         502 / 504, raised when every attempt failed
         ├── UpstreamConnectError  502 upstream_connect_error
@@ -169,6 +170,14 @@ class ShuttingDown(Overloaded):
 
 class UpstreamUnavailable(Overloaded):
     code = "upstream_unavailable"
+
+
+class StateUnavailable(Overloaded):
+    code = "state_unavailable"
+
+    def __init__(self, message: str = "The proxy cannot reach its shared state (Redis) and "
+                 "is configured to refuse calls meanwhile.") -> None:
+        super().__init__(message, retry_after=1.0)
 
 
 class UpstreamError(ProxyError):

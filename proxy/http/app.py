@@ -76,6 +76,7 @@ def build_app(
                               counter or TokenCounter.load(),
                               make_upstream=lambda p: upstream_factory(p, session))
             app[SERVICE] = service
+            await service.start()
             service.apply_schedule()
             yield
             app[LIFECYCLE].draining = True

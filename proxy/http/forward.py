@@ -33,10 +33,12 @@ from ..core.request import Call, Kind
 from ..core.retry import parse_retry_after
 from ..core.route import Deployment
 from ..core.scheduler import Rejection
+from ..state.base import Lease
 from .accounting import record_usage
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
+from .replicas import ended, grant, settle_key, take_key
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID, SERVICE
 from .upstream import UpstreamRequest, UpstreamResponse
@@ -54,6 +56,7 @@ class Exchange:
     answer: web.StreamResponse | None = None
     failure: web.Response | None = None  # the last upstream failure, kept to pass through
     cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
+    lease: Lease | None = None  # the provider slot held across replicas (redis backend)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -102,8 +105,10 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
         if service.cache.flight(key) is None:
             flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
+    key_taken = False
     try:
         _within_budget(service, principal.name)
+        key_taken = await take_key(service, principal, plan)
         with lifecycle.call():
             return await _drive(service, exchange, path)
     except asyncio.CancelledError:
@@ -121,6 +126,12 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
         service.admission.settle()
+        if exchange.lease is not None:
+            service.shared.release(exchange.lease)
+        if key_taken:
+            usage = exchange.attempts.usage
+            settle_key(service, principal, plan, exchange.attempts.attempts > 0,
+                       usage.total if usage is not None else None)
 
 
 def _within_budget(service: Service, key: str) -> None:
@@ -209,7 +220,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     if hit is not None:
                         return hit
                     _within_budget(service, exchange.plan.caller)
-                    command = attempts.granted(decision.deployment, now)
+                    command, exchange.lease = await grant(service, attempts,
+                                                          decision.deployment, now)
             case Send(deployment=deployment):
                 record = exchange.request[RECORD]
                 record.upstream = deployment.id
@@ -219,6 +231,9 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
                 now = service.clock.now()
                 command = attempts.finished(result, now)
+                ended(service, deployment, attempts.tokens(deployment), attempts.used,
+                      exchange.lease, result.verdict)
+                exchange.lease = None
                 record.upstream_s, record.ttft_s = now - sent, result.ttft_s
                 labels = (deployment.provider, deployment.id, exchange.plan.call.model)
                 if result.verdict is not Verdict.ABANDONED:

@@ -31,6 +31,7 @@ class Family(Generic[M]):
 
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 ERROR_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8)
+SHARED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1, 5, 30, 120)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 
 
@@ -120,6 +121,24 @@ class Metrics:
             "proxy_stream_errors", "Streams ended with an error event after the first byte.",
             ["provider", "reason"], registry=r,
         ))
+
+        self.shared_wait = Histogram(
+            "proxy_shared_admission_seconds", "Time a call granted a local slot took to "
+            "lease its provider slot across replicas (redis backend: a Redis round trip, "
+            "plus the wait when every slot is taken).", buckets=SHARED_BUCKETS, registry=r,
+        )
+        self.shared_mode = Family(Gauge(
+            "proxy_shared_state_mode", "1 for the shared-state mode in force (shared, local, "
+            "reject; memory: local).", ["mode"], registry=r,
+        ))
+        self.replicas = Gauge(
+            "proxy_replicas_alive", "Replicas that sent a heartbeat within the lease TTL "
+            "(memory: 1).", registry=r,
+        )
+        self.shared_errors = Gauge(
+            "proxy_shared_state_errors", "Redis operations that failed since start.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,7 +34,8 @@ async def reload_on_signal(app: web.Application) -> None:
     log.info("SIGHUP: %s", answer)
 
 
-async def serve(config: Config, host: str, port: int, config_path: str | None = None) -> None:
+async def serve(config: Config, host: str, port: int, config_path: str | None = None,
+                reuse_port: bool = False) -> None:
     app = build_app(config, config_path=config_path)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
@@ -49,7 +50,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     if not config.auth_required and not is_loopback(host):
         log.warning("no proxy keys configured and listening on %s: anyone can use it", host)
@@ -86,10 +87,11 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
                     loop.remove_signal_handler(sig)
 
 
-def run(config: Config, host: str, port: int, config_path: str | None = None) -> None:
+def run(config: Config, host: str, port: int, config_path: str | None = None,
+        reuse_port: bool = False) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, host, port, config_path))
+        asyncio.run(serve(config, host, port, config_path, reuse_port))
     else:
-        uvloop.run(serve(config, host, port, config_path))
+        uvloop.run(serve(config, host, port, config_path, reuse_port))

@@ -11,13 +11,14 @@ import zoneinfo
 from collections.abc import Callable, Mapping
 
 from ..config import Config, Provider
-from ..core.breaker import State
+from ..core.breaker import State as BreakerState
 from ..core.budgets import Budget, Budgets
 from ..core.clock import Clock
 from ..core.engine import Engine
 from ..core.route import Deployment
 from ..core.schedules import Schedule, active, next_change
 from ..core.tokens import TokenCounter
+from ..state.base import State, open_state
 from .admission import Admission
 from .auth import Authenticator
 from .cache import ResponseCache
@@ -25,7 +26,7 @@ from .live import LiveStats
 from .metrics import Metrics
 from .upstream import Upstream
 
-BREAKER_GAUGE = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
+BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
 def budgets_of(config: Config) -> dict[str, Budget]:
@@ -42,8 +43,11 @@ class Service:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         make_upstream: Callable[[Provider], Upstream] | None = None,
+        shared: State | None = None,
     ) -> None:
-        """``make_upstream``: builds the upstream of a provider a reload adds or changes."""
+        """``make_upstream``: builds the upstream of a provider a reload adds or changes;
+        ``shared``: what replicas share (default: what ``config.state`` names; started by
+        ``start``)."""
         self.config = config
         self.clock = clock
         self.counter = counter
@@ -66,9 +70,42 @@ class Service:
         )
         self.scheduler = self.engine.scheduler
         self.admission = Admission(self.scheduler, clock)
+        self.shared = shared or open_state(config.state)
+        self._configure_shared()
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
         self._gauges()
+
+    async def start(self) -> None:
+        """Reach the shared state (a replica that cannot starts in its ``on_error`` mode)."""
+        self.on_mode(self.shared.mode, 1)
+        await self.shared.start(self)
+
+    def _configure_shared(self) -> None:
+        self.shared.configure(
+            {name: p.max_concurrency for name, p in self.config.providers.items()},
+            [d.id for route in self.config.models.values() for d in route.candidates])
+
+    def on_mode(self, mode: str, alive: int) -> None:
+        """Shared state's mode changed: without Redis (``local``) each replica takes its
+        share of every provider's slots; with it, the whole (the leases bound the sum)."""
+        now = self.clock.now()
+        share = max(alive, 1) if mode == "local" and self.shared.shared else 1
+        for name, provider in self.config.providers.items():
+            limit = provider.max_concurrency
+            self.scheduler.set_max(name, max(limit // share, 1) if limit else 0, now)
+        for known in ("shared", "local", "reject"):
+            self.metrics.shared_mode.get(known).set(1 if known == mode else 0)
+        self.admission.settle()
+
+    def on_breakers(self, open_for_s: Mapping[str, float]) -> None:
+        """Another replica opened these breakers: open them here too."""
+        now = self.clock.now()
+        for deployment, seconds in open_for_s.items():
+            breaker = self.engine.fleet.breakers.get(deployment)
+            if breaker is not None:
+                breaker.trip(now + seconds, now)
+        self.admission.settle()
 
     def _gauges(self) -> None:
         """Gauges read from the scheduler, for the configured tiers and providers."""
@@ -77,6 +114,8 @@ class Service:
                        metrics.budget_spent, metrics.budget_limit, metrics.cache_entries,
                        metrics.breaker_state):
             family.clear()
+        metrics.replicas.set_function(lambda: self.shared.alive)
+        metrics.shared_errors.set_function(lambda: self.shared.errors)
         for name, route in config.models.items():
             if route.cache is not None:
                 metrics.cache_entries.get(name).set_function(
@@ -124,6 +163,9 @@ class Service:
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None
+        self._configure_shared()
+        if self.shared.mode == "local" and self.shared.shared:
+            self.on_mode("local", self.shared.alive)
         self._gauges()
         if self._schedule_timer is not None:
             self._schedule_timer.cancel()
@@ -132,9 +174,14 @@ class Service:
         self.apply_schedule()
         self.admission.settle()
 
-    def _breaker_moved(self, deployment: Deployment, old: State, new: State) -> None:
+    def _breaker_moved(self, deployment: Deployment, old: BreakerState,
+                       new: BreakerState) -> None:
         self.metrics.breaker_state.get(deployment.provider, deployment.id).set(
             BREAKER_GAUGE[new])
+        if new is BreakerState.OPEN:
+            now = self.clock.now()
+            until = self.engine.fleet.breakers[deployment.id].open_until
+            self.shared.breaker_opened(deployment.id, until - now)
         self.metrics.breaker_transitions.get(deployment.id, new.value).inc()
 
     def apply_schedule(self) -> None:
@@ -193,11 +240,13 @@ class Service:
                 for name, route in self.config.models.items()
             },
             "budgets": self.budgets.snapshot(self.clock.wall()),
+            "state": self.shared.status(),
         }
 
     async def close(self) -> None:
         if self._schedule_timer is not None:
             self._schedule_timer.cancel()
         self.admission.close()
+        await self.shared.close()
         for upstream in [*self.upstreams.values(), *self._replaced]:
             await upstream.close()

@@ -1,0 +1,1 @@
+"""What replicas share: nothing (``memory``, one process) or Redis (``redis``)."""

@@ -1,0 +1,127 @@
+"""The seam between the proxy and what its replicas share, and its embedded backend.
+
+The pure scheduler stays each replica's own; what must hold across replicas goes through a
+``State``: provider slots as leases (``lease``/``release``), rpm/tpm buckets
+(``take_rate``/``settle_rate``), open breakers and 429 cuts. ``MemoryState`` (one
+process) has nothing to share: ``shared`` is False and the driver asks it nothing on the
+request path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config.state import StateSettings
+
+
+def replica_id() -> str:
+    """Unique across machines and restarts; readable in status pages."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    member: str
+    provider: str
+
+
+class Hooks(Protocol):
+    """What the state tells the proxy it serves."""
+
+    def on_mode(self, mode: str, alive: int) -> None:
+        """``shared``, or ``local``/``reject`` while Redis cannot be reached; ``alive``:
+        the replicas that sent a heartbeat within the lease TTL."""
+
+    def on_breakers(self, open_for_s: Mapping[str, float]) -> None:
+        """Deployments whose breaker a replica opened, with the seconds it stays open."""
+
+
+class State(Protocol):
+    shared: bool  # False: nothing to ask on the request path
+    replica: str
+    mode: str  # shared | local | reject
+    alive: int  # replicas seen within the lease TTL
+    errors: int  # Redis operations that failed
+
+    async def start(self, hooks: Hooks) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None: ...
+
+    async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
+                    timeout_s: float) -> Lease | None: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+    async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
+                        tokens: int) -> float: ...
+
+    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                    tokens: int) -> None: ...
+
+    def breaker_opened(self, deployment: str, open_for_s: float) -> None: ...
+
+    def limit_cut(self, provider: str, limit: int, for_s: float) -> None: ...
+
+    def status(self) -> dict[str, object]: ...
+
+
+class MemoryState:
+    """One process: its scheduler is the whole truth."""
+
+    shared = False
+    mode = "local"
+    alive = 1
+    errors = 0
+
+    def __init__(self) -> None:
+        self.replica = replica_id()
+
+    async def start(self, hooks: Hooks) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None:
+        return None
+
+    async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
+                    timeout_s: float) -> Lease | None:
+        return None
+
+    def release(self, lease: Lease) -> None:
+        return None
+
+    async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
+                        tokens: int) -> float:
+        return 0.0
+
+    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                    tokens: int) -> None:
+        return None
+
+    def breaker_opened(self, deployment: str, open_for_s: float) -> None:
+        return None
+
+    def limit_cut(self, provider: str, limit: int, for_s: float) -> None:
+        return None
+
+    def status(self) -> dict[str, object]:
+        return {"backend": "memory", "replica": self.replica, "mode": "local",
+                "replicas_alive": 1}
+
+
+def open_state(settings: StateSettings) -> State:
+    """The backend ``state:`` names (Redis' client is imported only when it is used)."""
+    if settings.backend == "redis":
+        from .shared import RedisState
+
+        return RedisState(settings)
+    return MemoryState()

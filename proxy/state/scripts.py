@@ -1,0 +1,182 @@
+"""The Lua scripts behind the redis backend: every change to shared state is one of them.
+
+Keys, under the configured prefix ``p`` (one Redis, not a cluster: scripts build keys):
+
+- ``p:leases:{provider}``  sorted set, a slot held: member → lease expiry (Redis ms)
+- ``p:waiters:{provider}`` sorted set, a call waiting for a slot: member → score (below)
+- ``p:wexp:{provider}``    sorted set, waiter liveness: member → expiry (Redis ms)
+- ``p:wake:{replica}``     list, members granted a slot while they waited
+- ``p:replicas``           sorted set, replica → heartbeat expiry
+- ``p:limit:{provider}``   a 429's cut of the provider's limit, for ``GROW_EVERY_S``
+- ``p:breaker:{deployment}`` present (with a TTL) while the deployment's breaker is open
+- ``p:rate:{name}``        hash, an rpm/tpm bucket pair (``r``, ``t``, ``ts``)
+
+A member is ``{replica}|{n}|{provider}``. Times come from Redis ``TIME`` only, never a replica's
+clock. A waiter's score is ``rank * 2**41 + (now - waited_ms)``: lower goes first, so
+a more urgent tier or level first, then the one that arrived first (its wait so far is
+measured on its replica's clock, which is only ever a difference).
+"""
+
+from __future__ import annotations
+
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+# Purge expired leases, then hand free slots to the best live waiters, waking their
+# replicas (except ``me``: the caller learns from the script's answer).
+_SWEEP = """
+local function sweep(p, prov, limit, now, ttl, me)
+  local lk = p .. 'leases:' .. prov
+  local wk = p .. 'waiters:' .. prov
+  local ek = p .. 'wexp:' .. prov
+  redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+  local cut = redis.call('GET', p .. 'limit:' .. prov)
+  if cut then limit = math.min(limit, tonumber(cut)) end
+  local n = redis.call('ZCARD', lk)
+  while n < limit do
+    local best = redis.call('ZPOPMIN', wk)
+    if #best == 0 then break end
+    local m = best[1]
+    local alive = redis.call('ZSCORE', ek, m)
+    redis.call('ZREM', ek, m)
+    if alive and tonumber(alive) > now then
+      redis.call('ZADD', lk, now + ttl, m)
+      n = n + 1
+      if m ~= me then
+        local wake = p .. 'wake:' .. string.match(m, '^(.-)|')
+        redis.call('RPUSH', wake, m)
+        redis.call('PEXPIRE', wake, ttl * 3)
+      end
+    end
+  end
+end
+"""
+
+# ARGV: prefix, provider, member, limit, ttl_ms, rank, waited_ms → 1 granted, 0 waiting.
+ACQUIRE = _NOW + _SWEEP + """
+local p, prov, member = ARGV[1], ARGV[2], ARGV[3]
+local limit, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local lk = p .. 'leases:' .. prov
+if redis.call('ZSCORE', lk, member) then return 1 end
+local score = tonumber(ARGV[6]) * 2199023255552 + (now - tonumber(ARGV[7]))
+redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
+redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
+sweep(p, prov, limit, now, ttl, member)
+if redis.call('ZSCORE', lk, member) then return 1 end
+return 0
+"""
+
+# ARGV: prefix, provider, member, limit, ttl_ms → how many entries it removed (0: none;
+# releasing twice, or a member never seen, is harmless). Frees a slot or withdraws a waiter.
+RELEASE = _NOW + _SWEEP + """
+local p, prov, member = ARGV[1], ARGV[2], ARGV[3]
+local removed = redis.call('ZREM', p .. 'leases:' .. prov, member)
+removed = removed + redis.call('ZREM', p .. 'waiters:' .. prov, member)
+redis.call('ZREM', p .. 'wexp:' .. prov, member)
+sweep(p, prov, tonumber(ARGV[4]), now, tonumber(ARGV[5]), '')
+return removed
+"""
+
+# One replica's heartbeat and safety sweep. ARGV: prefix, replica, ttl_ms, recreate (1:
+# leases are written even if missing, after Redis lost them), then counted lists:
+# providers (name, limit), held (provider, member), waiting (provider, member),
+# deployments. Answers {replicas alive, granted waiters, lost waiters, open breakers
+# (deployment, ms left)…}.
+HEARTBEAT = _NOW + _SWEEP + """
+local p, replica, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local recreate = ARGV[4] == '1'
+redis.call('ZADD', p .. 'replicas', now + ttl, replica)
+redis.call('ZREMRANGEBYSCORE', p .. 'replicas', '-inf', now)
+local alive = redis.call('ZCARD', p .. 'replicas')
+local i = 5
+local limits = {}
+for _ = 1, tonumber(ARGV[i]) do
+  limits[#limits + 1] = {ARGV[i + 1], tonumber(ARGV[i + 2])}
+  i = i + 2
+end
+i = i + 1
+for _ = 1, tonumber(ARGV[i]) do
+  local lk = p .. 'leases:' .. ARGV[i + 1]
+  if recreate then
+    redis.call('ZADD', lk, now + ttl, ARGV[i + 2])
+  else
+    redis.call('ZADD', lk, 'XX', now + ttl, ARGV[i + 2])
+  end
+  i = i + 2
+end
+i = i + 1
+local granted, lost = {}, {}
+for _ = 1, tonumber(ARGV[i]) do
+  local prov, m = ARGV[i + 1], ARGV[i + 2]
+  if redis.call('ZSCORE', p .. 'leases:' .. prov, m) then
+    granted[#granted + 1] = m
+  elseif redis.call('ZSCORE', p .. 'waiters:' .. prov, m) then
+    redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, m)
+  else
+    lost[#lost + 1] = m
+  end
+  i = i + 2
+end
+i = i + 1
+local open = {}
+for _ = 1, tonumber(ARGV[i]) do
+  local left = redis.call('PTTL', p .. 'breaker:' .. ARGV[i + 1])
+  if left > 0 then
+    open[#open + 1] = ARGV[i + 1]
+    open[#open + 1] = left
+  end
+  i = i + 1
+end
+for _, entry in ipairs(limits) do
+  sweep(p, entry[1], entry[2], now, ttl, '')
+end
+return {alive, granted, lost, open}
+"""
+
+# ARGV: prefix, name, rpm (0: none), tpm (0: none), requests, tokens, take (1) or adjust
+# (0). Take: both buckets have room → take them, answer 0; else take nothing and answer
+# the ms to wait. Adjust: give back (negative amounts charge), answer 0. A request larger
+# than a whole bucket goes once it is full (leaving debt), as ``core.limits.TokenBucket``.
+RATE = _NOW + """
+local key = ARGV[1] .. 'rate:' .. ARGV[2]
+local rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
+local requests, tokens = tonumber(ARGV[5]), tonumber(ARGV[6])
+local state = redis.call('HMGET', key, 'r', 't', 'ts')
+local r = tonumber(state[1]) or rpm
+local t = tonumber(state[2]) or tpm
+local elapsed = math.max(0, now - (tonumber(state[3]) or now))
+r = math.min(rpm, r + elapsed * rpm / 60000)
+t = math.min(tpm, t + elapsed * tpm / 60000)
+local wait = 0
+if ARGV[7] == '1' then
+  if rpm > 0 and r < math.min(requests, rpm) then
+    wait = math.max(wait, (math.min(requests, rpm) - r) * 60000 / rpm)
+  end
+  if tpm > 0 and t < math.min(tokens, tpm) then
+    wait = math.max(wait, (math.min(tokens, tpm) - t) * 60000 / tpm)
+  end
+  if wait == 0 then
+    r = math.max(-rpm, r - requests)
+    t = math.max(-tpm, t - tokens)
+  end
+else
+  r = math.min(rpm, math.max(-rpm, r + requests))
+  t = math.min(tpm, math.max(-tpm, t + tokens))
+end
+redis.call('HSET', key, 'r', tostring(r), 't', tostring(t), 'ts', now)
+redis.call('PEXPIRE', key, 120000)
+return math.ceil(wait)
+"""
+
+# ARGV: prefix, provider, limit, ttl_ms: lower the provider's shared limit (never raise
+# it) for ttl_ms.
+CUT = """
+local key = ARGV[1] .. 'limit:' .. ARGV[2]
+local current = redis.call('GET', key)
+if not current or tonumber(current) > tonumber(ARGV[3]) then
+  redis.call('SET', key, ARGV[3], 'PX', ARGV[4])
+end
+return 0
+"""

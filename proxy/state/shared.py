@@ -1,0 +1,375 @@
+"""The redis backend: provider slots, rpm/tpm buckets, breakers and 429 cuts shared by
+every replica through one Redis (``redis.asyncio``), each change one Lua script
+(``proxy.state.scripts``).
+
+- A slot is a lease with a TTL, refreshed by this replica's heartbeat while its call runs
+  and released (idempotently) when it ends; a replica that dies stops refreshing, and its
+  slots come back within ``lease_ttl_s`` by themselves.
+- A call that finds no free slot waits in the provider's waiter set, scored by tier,
+  level and arrival; whoever frees a slot hands it to the best waiter and pushes its id on
+  the waiter's replica's wake list, which that replica watches with a blocking pop. The
+  heartbeat (every second, or a third of the TTL) is the safety sweep: it finds grants
+  whose wake was lost, waiters Redis lost, slots of dead replicas, and open breakers.
+- When Redis cannot be reached the proxy does what ``on_error`` says (a per-replica share
+  of each limit, or 503) and goes back to shared mode on the first heartbeat that works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from ..config.state import StateSettings
+from ..core.errors import StateUnavailable
+from ..core.limits import ProviderLimits
+from . import scripts
+from .base import Hooks, Lease, replica_id
+
+log = logging.getLogger(__name__)
+
+REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+COMMAND_TIMEOUT_S = 0.5  # a Redis that answers slower than this counts as unreachable
+CLOSE_WAIT_S = 2.0
+
+
+@dataclass(slots=True)
+class _Waiter:
+    provider: str
+    limit: int
+    rank: int
+    arrived: float  # on this replica's monotonic clock
+    future: asyncio.Future[bool]  # True: granted; False: go on without Redis
+
+
+def provider_of(member: str) -> str:
+    return member.split("|", 2)[2]
+
+
+class RedisState:
+    shared = True
+
+    def __init__(self, settings: StateSettings, replica: str | None = None) -> None:
+        self.settings = settings
+        self.replica = replica or replica_id()
+        self.mode = "shared"
+        self.alive = 1
+        self.errors = 0
+        self.last_error: str | None = None
+        self._p = settings.prefix + ":"
+        self._ttl_ms = int(settings.lease_ttl_s * 1000)
+        self.beat_s = min(1.0, settings.lease_ttl_s / 3)
+        retry = Retry(NoBackoff(), 1)  # one immediate retry on a fresh connection
+        self._redis = Redis.from_url(
+            settings.url, socket_timeout=COMMAND_TIMEOUT_S,
+            socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
+        self._blocking = Redis.from_url(
+            settings.url, socket_timeout=self.beat_s + COMMAND_TIMEOUT_S + 1.0,
+            socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
+        self._acquire = self._redis.register_script(scripts.ACQUIRE)
+        self._release = self._redis.register_script(scripts.RELEASE)
+        self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
+        self._rate = self._redis.register_script(scripts.RATE)
+        self._cut = self._redis.register_script(scripts.CUT)
+        self._seq = itertools.count()
+        self._held: dict[str, str] = {}  # member → provider
+        self._waiting: dict[str, _Waiter] = {}
+        self._unreleased: dict[str, str] = {}  # releases Redis did not take: sent again
+        self._limits: dict[str, int] = {}
+        self._deployments: tuple[str, ...] = ()
+        self._local_rates: dict[str, ProviderLimits] = {}
+        self._remote_open: dict[str, float] = {}  # deployment → until, as heard from Redis
+        self._recreate = False
+        self._back_at: float | None = None  # Redis answered again (not yet trusted)
+        self._hooks: Hooks | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, hooks: Hooks) -> None:
+        self._hooks = hooks
+        await self._beat()
+        self._loops = [asyncio.create_task(self._beat_forever()),
+                       asyncio.create_task(self._wake_forever())]
+
+    async def close(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        for waiter in self._waiting.values():
+            if not waiter.future.done():
+                waiter.future.set_result(False)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_WAIT_S)
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self._redis.zrem(self._p + "replicas", self.replica)
+        await self._redis.aclose()
+        await self._blocking.aclose()
+
+    def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None:
+        self._limits = dict(limits)
+        self._deployments = tuple(deployments)
+
+    # --- slots --------------------------------------------------------------------------
+
+    async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
+                    timeout_s: float) -> Lease | None:
+        """A slot of ``provider`` held across replicas, once the best waiting call across
+        them is this one. Without Redis (``on_error: local``) the local scheduler's share
+        is the limit: the lease is only noted, and written to Redis once it is back, so
+        calls started meanwhile count against the limit again. None: Redis went away
+        while the call waited: it queues again, under the share. Raises TimeoutError
+        after ``timeout_s``, StateUnavailable without Redis if ``on_error`` is reject."""
+        member = f"{self.replica}|{next(self._seq)}|{provider}"
+        if self.mode != "shared":
+            return self._noted(member, provider)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[member] = _Waiter(provider, limit, rank, time.monotonic() - waited_s,
+                                        future)
+        try:
+            granted = await self._acquire(args=[self._p, provider, member, limit,
+                                                self._ttl_ms, rank, int(waited_s * 1000)])
+        except REDIS_ERRORS as exc:
+            self._waiting.pop(member, None)
+            self._failed(exc)
+            return self._noted(member, provider)
+        if granted:
+            self._waiting.pop(member, None)
+            self._held[member] = provider
+            return Lease(member, provider)
+        done = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                got = await future
+            done = True
+        finally:
+            if not done:  # timed out or cancelled: leave the waiters, or give the slot back
+                self._waiting.pop(member, None)
+                self._held.pop(member, None)
+                self._spawn_release(member, provider)
+        if got:
+            return Lease(member, provider)
+        self._check_reject()
+        return None
+
+    def release(self, lease: Lease) -> None:
+        """Give the slot back (on every path; a second call does nothing). While Redis is
+        away nothing is sent: a lease Redis still holds expires, unrefreshed."""
+        if self._held.pop(lease.member, None) is not None and (
+                self.mode == "shared" or self._back_at is not None):
+            self._spawn_release(lease.member, lease.provider)
+
+    def _noted(self, member: str, provider: str) -> Lease:
+        self._check_reject()
+        self._held[member] = provider
+        return Lease(member, provider)
+
+    def _check_reject(self) -> None:
+        """Without Redis: go on alone (local), or refuse the call (reject)."""
+        if self.mode == "reject":
+            raise StateUnavailable()
+        return None
+
+    def _woken(self, member: str) -> None:
+        waiter = self._waiting.pop(member, None)
+        if waiter is not None and not waiter.future.done():
+            self._held[member] = waiter.provider
+            waiter.future.set_result(True)
+        elif member not in self._held:  # granted to a call that is gone: straight back
+            self._spawn_release(member, provider_of(member))
+
+    def _spawn_release(self, member: str, provider: str) -> None:
+        self._spawn(self._send_release(member, provider))
+
+    async def _send_release(self, member: str, provider: str) -> None:
+        try:
+            await self._release(args=[self._p, provider, member,
+                                      self._limits.get(provider, 0), self._ttl_ms])
+        except REDIS_ERRORS as exc:
+            self._unreleased[member] = provider
+            self._failed(exc)
+
+    # --- rpm / tpm ----------------------------------------------------------------------
+
+    async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
+                        tokens: int) -> float:
+        """Take one request and ``tokens`` from ``name``'s shared buckets: 0.0, or the
+        seconds to wait (nothing taken)."""
+        if not rpm and not tpm:
+            return 0.0
+        if self.mode == "shared":
+            try:
+                ms = await self._rate(args=[self._p, name, rpm or 0, tpm or 0, 1, tokens, 1])
+                return int(ms) / 1000
+            except REDIS_ERRORS as exc:
+                self._failed(exc)
+        self._check_reject()
+        return self._local_rate(name, rpm, tpm).take(tokens, time.monotonic())
+
+    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                    tokens: int) -> None:
+        """Give back ``requests`` and ``tokens`` (negative: charge more) to the buckets."""
+        if (rpm or tpm) and (requests or tokens) and self.mode == "shared":
+            self._spawn(self._adjust(name, rpm or 0, tpm or 0, requests, tokens))
+
+    async def _adjust(self, name: str, rpm: int, tpm: int, requests: int, tokens: int) -> None:
+        try:
+            await self._rate(args=[self._p, name, rpm, tpm, requests, tokens, 0])
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+
+    def _local_rate(self, name: str, rpm: int | None, tpm: int | None) -> ProviderLimits:
+        """This replica's share of a limit while Redis is away."""
+        share = max(self.alive, 1)
+        rates = (None if rpm is None else max(rpm // share, 1),
+                 None if tpm is None else max(tpm // share, 1))
+        found = self._local_rates.get(name)
+        if found is None or found.rates != rates:
+            found = self._local_rates[name] = ProviderLimits(*rates)
+        return found
+
+    # --- health -------------------------------------------------------------------------
+
+    def breaker_opened(self, deployment: str, open_for_s: float) -> None:
+        """Tell every replica (unless the news came from them)."""
+        until = time.monotonic() + open_for_s
+        if self.mode != "shared" or self._remote_open.get(deployment, 0.0) >= until - 0.5:
+            return
+        ms = max(int(open_for_s * 1000), 1)
+        self._spawn(self._call(self._redis.set(self._p + "breaker:" + deployment, 1, px=ms)))
+
+    def limit_cut(self, provider: str, limit: int, for_s: float) -> None:
+        if self.mode == "shared":
+            self._spawn(self._call(self._cut(
+                args=[self._p, provider, limit, max(int(for_s * 1000), 1)])))
+
+    async def _call(self, pending: Awaitable[object]) -> None:
+        try:
+            await pending
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+
+    # --- heartbeat, wake-ups, trouble ---------------------------------------------------
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.beat_s)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(self._recreate),
+                              len(self._limits)]
+        for name, limit in self._limits.items():
+            args += [name, limit]
+        held = list(self._held.items())
+        args.append(len(held))
+        for member, provider in held:
+            args += [provider, member]
+        waiting = [(m, w.provider) for m, w in self._waiting.items()]
+        args.append(len(waiting))
+        for member, provider in waiting:
+            args += [provider, member]
+        args.append(len(self._deployments))
+        args += self._deployments
+        try:
+            alive, granted, lost, opened = await self._heartbeat(args=args)
+            for member, provider in list(self._unreleased.items()):
+                await self._release(args=[self._p, provider, member,
+                                          self._limits.get(provider, 0), self._ttl_ms])
+                del self._unreleased[member]
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+            return
+        self.alive = int(alive)
+        if self.mode != "shared":
+            # Back after a second heartbeat a period later: by then every live replica has
+            # written the leases of the calls it started without Redis.
+            if self._back_at is None:
+                self._back_at = time.monotonic()
+            elif time.monotonic() - self._back_at >= self.beat_s * 0.9:
+                log.warning("shared state: Redis is back; shared mode again")
+                self._recreate = False
+                self._back_at = None
+                self._set_mode("shared")
+        else:
+            self._recreate = False
+        for member in granted:
+            self._woken(member)
+        for member in lost:
+            waiter = self._waiting.get(member)
+            if waiter is not None:
+                self._spawn(self._again(member, waiter))
+        now = time.monotonic()
+        open_for = {opened[i]: int(opened[i + 1]) / 1000 for i in range(0, len(opened), 2)}
+        self._remote_open = {d: now + s for d, s in open_for.items()}
+        if open_for and self._hooks is not None:
+            self._hooks.on_breakers(open_for)
+
+    async def _again(self, member: str, waiter: _Waiter) -> None:
+        """A waiter Redis lost (it restarted): wait again, with the wait so far."""
+        waited_ms = int((time.monotonic() - waiter.arrived) * 1000)
+        try:
+            granted = await self._acquire(args=[self._p, waiter.provider, member,
+                                                waiter.limit, self._ttl_ms, waiter.rank,
+                                                waited_ms])
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
+            return
+        if granted:
+            self._woken(member)
+
+    async def _wake_forever(self) -> None:
+        key = self._p + "wake:" + self.replica
+        while True:
+            try:
+                item = await self._blocking.blpop([key], timeout=1)  # type: ignore[misc]
+            except REDIS_ERRORS:
+                await asyncio.sleep(self.beat_s)
+                continue
+            if item is not None:
+                self._woken(item[1])
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        self._recreate = True
+        self._back_at = None
+        if self.mode != "shared":
+            return
+        log.warning("shared state: Redis unreachable (%s); %s until it is back",
+                    self.last_error, "a per-replica share of each limit"
+                    if self.settings.on_error == "local" else "refusing calls")
+        self._set_mode(self.settings.on_error)
+        waiting, self._waiting = self._waiting, {}
+        for member, waiter in waiting.items():
+            if not waiter.future.done():
+                waiter.future.set_result(False)
+            self._unreleased[member] = waiter.provider  # withdrawn once Redis is back
+
+    def _set_mode(self, mode: str) -> None:
+        self.mode = mode
+        if self._hooks is not None:
+            self._hooks.on_mode(mode, self.alive)
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "backend": "redis", "url": self.settings.shown_url, "prefix": self.settings.prefix,
+            "replica": self.replica, "mode": self.mode, "replicas_alive": self.alive,
+            "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
+            "waiting": len(self._waiting), "errors": self.errors,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,79 @@
+"""Real Redis for the tests: the one on 127.0.0.1:6379 (``.ci/run`` starts it), under a
+prefix of the test's own, or a private ``redis-server`` a test may kill and restart."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+URL = "redis://127.0.0.1:6379/0"
+
+
+def shared_redis() -> redis.Redis:
+    client = redis.Redis.from_url(URL, socket_timeout=2, decode_responses=True)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {URL}: {exc} (.ci/run starts one)")
+    return client
+
+
+@contextlib.contextmanager
+def prefixed() -> Iterator[tuple[redis.Redis, str]]:
+    """A client and a fresh prefix; the prefix's keys are deleted afterwards."""
+    client = shared_redis()
+    prefix = f"test-{uuid.uuid4().hex[:10]}"
+    try:
+        yield client, prefix
+    finally:
+        keys = list(client.scan_iter(f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free port, that it may stop and start."""
+
+    def __init__(self) -> None:
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None

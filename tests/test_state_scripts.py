@@ -1,0 +1,198 @@
+"""The Lua scripts of the redis backend, run on a real Redis: leases, expiry, idempotent
+release, waiter order, dead waiters, heartbeats, rpm/tpm buckets, 429 cuts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from proxy.state import scripts
+
+from .redis_server import prefixed
+
+TTL = 10_000
+
+
+class Lua:
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.p = prefix + ":"
+        self._acquire = client.register_script(scripts.ACQUIRE)
+        self._release = client.register_script(scripts.RELEASE)
+        self._beat = client.register_script(scripts.HEARTBEAT)
+        self._rate = client.register_script(scripts.RATE)
+        self._cut = client.register_script(scripts.CUT)
+
+    def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
+                ttl: int = TTL, provider: str = "p") -> int:
+        return int(self._acquire(args=[self.p, provider, member, limit, ttl, rank, waited_ms]))
+
+    def release(self, member: str, limit: int = 2, provider: str = "p") -> int:
+        return int(self._release(args=[self.p, provider, member, limit, TTL]))
+
+    def beat(self, replica: str, *, held: tuple[str, ...] = (), waiting: tuple[str, ...] = (),
+             deployments: tuple[str, ...] = (), limit: int = 2, recreate: bool = False,
+             ttl: int = TTL) -> list[Any]:
+        args: list[Any] = [self.p, replica, ttl, int(recreate), 1, "p", limit, len(held)]
+        for member in held:
+            args += ["p", member]
+        args.append(len(waiting))
+        for member in waiting:
+            args += ["p", member]
+        args += [len(deployments), *deployments]
+        return list(self._beat(args=args))
+
+    def leases(self) -> list[str]:
+        return list(self.client.zrange(self.p + "leases:p", 0, -1))
+
+    def wakes(self, replica: str) -> list[str]:
+        return list(self.client.lrange(self.p + "wake:" + replica, 0, -1))
+
+    def rate(self, rpm: int, tpm: int, requests: int, tokens: int, take: bool = True) -> int:
+        return int(self._rate(args=[self.p, "k", rpm, tpm, requests, tokens, int(take)]))
+
+
+@pytest.fixture
+def lua() -> Iterator[Lua]:
+    with prefixed() as (client, prefix):
+        yield Lua(client, prefix)
+
+
+def test_slots_are_granted_up_to_the_limit_then_callers_wait(lua: Lua) -> None:
+    assert lua.acquire("a|1|p") == 1
+    assert lua.acquire("a|2|p") == 1
+    assert lua.acquire("b|1|p") == 0
+    assert sorted(lua.leases()) == ["a|1|p", "a|2|p"]
+
+
+def test_acquire_again_for_a_granted_member_is_granted_once(lua: Lua) -> None:
+    assert lua.acquire("a|1|p", limit=1) == 1
+    assert lua.acquire("a|1|p", limit=1) == 1
+    assert lua.leases() == ["a|1|p"]
+
+
+def test_release_hands_the_slot_to_the_best_waiter_and_wakes_its_replica(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    assert lua.acquire("b|1|p", limit=1, rank=32, waited_ms=60_000) == 0  # low tier, old
+    assert lua.acquire("c|1|p", limit=1, rank=0, waited_ms=0) == 0  # top tier, new
+    assert lua.acquire("c|2|p", limit=1, rank=0, waited_ms=5_000) == 0  # top tier, older
+    assert lua.release("a|1|p", limit=1) == 1
+    assert lua.leases() == ["c|2|p"]
+    assert lua.wakes("c") == ["c|2|p"]
+    assert lua.client.pttl(lua.p + "wake:c") > 0  # a dead replica's wake list goes away
+    lua.release("c|2|p", limit=1)
+    lua.release("c|1|p", limit=1)
+    assert lua.leases() == ["b|1|p"]
+
+
+def test_release_is_idempotent_and_never_frees_someone_elses_slot(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    assert lua.release("a|1|p", limit=1) == 1
+    assert lua.release("a|1|p", limit=1) == 0
+    assert lua.release("never|1|p", limit=1) == 0
+    lua.acquire("b|1|p", limit=1)
+    assert lua.release("a|1|p", limit=1) == 0
+    assert lua.leases() == ["b|1|p"]
+    assert lua.acquire("c|1|p", limit=1) == 0
+
+
+def test_release_withdraws_a_waiter(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.acquire("b|1|p", limit=1)
+    assert lua.release("b|1|p", limit=1) == 1
+    lua.release("a|1|p", limit=1)
+    assert lua.leases() == []
+    assert lua.wakes("b") == []
+
+
+def test_a_lease_not_refreshed_expires_and_its_slot_comes_back(lua: Lua) -> None:
+    assert lua.acquire("dead|1|p", limit=1, ttl=150) == 1
+    assert lua.acquire("b|1|p", limit=1) == 0
+    time.sleep(0.3)
+    lua.beat("b", waiting=("b|1|p",), limit=1)  # the safety sweep of a live replica
+    assert lua.leases() == ["b|1|p"]
+    assert lua.wakes("b") == ["b|1|p"]
+
+
+def test_a_heartbeat_keeps_leases_alive(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1, ttl=300)
+    for _ in range(4):
+        time.sleep(0.15)
+        lua.beat("a", held=("a|1|p",), limit=1, ttl=300)
+    assert lua.leases() == ["a|1|p"]
+
+
+def test_a_dead_replicas_waiter_is_skipped(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.acquire("dead|1|p", limit=1, rank=0, ttl=150)
+    lua.acquire("b|1|p", limit=1, rank=16)
+    time.sleep(0.3)
+    lua.release("a|1|p", limit=1)
+    assert lua.leases() == ["b|1|p"]
+    assert lua.wakes("dead") == []
+
+
+def test_the_heartbeat_counts_replicas_and_reports_grants_losses_and_breakers(
+        lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.acquire("b|1|p", limit=1)
+    lua.client.set(lua.p + "breaker:p/m", 1, px=5000)
+    lua.beat("a", held=("a|1|p",), limit=1)
+    alive, granted, lost, opened = lua.beat("b", waiting=("b|1|p", "b|9|p"),
+                                            deployments=("p/m", "p/other"), limit=1)
+    assert alive == 2
+    assert granted == [] and lost == ["b|9|p"]
+    assert opened[0] == "p/m" and 0 < int(opened[1]) <= 5000 and len(opened) == 2
+    lua.client.zrem(lua.p + "leases:p", "a|1|p")  # a grant whose wake was lost
+    lua.client.zadd(lua.p + "leases:p", {"b|1|p": 1e15})
+    lua.client.zrem(lua.p + "waiters:p", "b|1|p")
+    assert lua.beat("b", waiting=("b|1|p",), limit=1)[1] == ["b|1|p"]
+
+
+def test_after_redis_lost_its_leases_a_recreating_heartbeat_writes_them_back(
+        lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.client.delete(lua.p + "leases:p")  # what a restarted Redis holds
+    lua.beat("a", held=("a|1|p",), limit=1)
+    assert lua.leases() == []  # a plain heartbeat never resurrects a released lease
+    lua.beat("a", held=("a|1|p",), limit=1, recreate=True)
+    assert lua.leases() == ["a|1|p"]
+    assert lua.acquire("b|1|p", limit=1) == 0
+
+
+def test_a_cut_lowers_the_shared_limit_for_a_while_and_never_raises_it(lua: Lua) -> None:
+    cut = lua._cut
+    cut(args=[lua.p, "p", 1, 200])
+    cut(args=[lua.p, "p", 3, 10_000])
+    assert lua.acquire("a|1|p", limit=4) == 1
+    assert lua.acquire("a|2|p", limit=4) == 0
+    time.sleep(0.3)
+    lua.beat("a", held=("a|1|p",), waiting=("a|2|p",), limit=4)
+    assert sorted(lua.leases()) == ["a|1|p", "a|2|p"]
+
+
+def test_rate_buckets_take_refuse_with_the_wait_and_refund(lua: Lua) -> None:
+    assert lua.rate(rpm=2, tpm=0, requests=1, tokens=0) == 0
+    assert lua.rate(rpm=2, tpm=0, requests=1, tokens=0) == 0
+    wait = lua.rate(rpm=2, tpm=0, requests=1, tokens=0)
+    assert 25_000 < wait <= 30_000  # one request back takes half a minute at 2 rpm
+    lua.rate(rpm=2, tpm=0, requests=1, tokens=0, take=False)  # refunded
+    assert lua.rate(rpm=2, tpm=0, requests=1, tokens=0) == 0
+
+
+def test_token_buckets_let_an_oversized_call_go_once_full_and_charge_actual_use(
+        lua: Lua) -> None:
+    assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=5000) == 0  # alone: it goes
+    assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=10) > 0  # the bucket is in debt
+    assert lua.client.pttl(lua.p + "rate:k") > 0  # no bucket outlives two minutes idle
+
+
+def test_a_smaller_actual_use_gives_tokens_back(lua: Lua) -> None:
+    assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=900) == 0
+    assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=900) > 0
+    lua.rate(rpm=0, tpm=1000, requests=0, tokens=800, take=False)  # used 100 of 900
+    assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=900) == 0

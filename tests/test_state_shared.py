@@ -1,0 +1,202 @@
+"""``RedisState`` on a real Redis: replicas share slots, the best waiter across them is
+woken without polling, cancelled and timed-out waits leave nothing behind, breakers and
+modes reach the proxy, and an unreachable Redis is handled as ``on_error`` says."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import pytest
+
+from proxy.config.state import StateSettings
+from proxy.core.errors import StateUnavailable
+from proxy.state.base import Lease
+from proxy.state.shared import RedisState
+
+from .redis_server import URL, PrivateRedis, free_port, prefixed
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.modes: list[tuple[str, int]] = []
+        self.breakers: list[dict[str, float]] = []
+
+    def on_mode(self, mode: str, alive: int) -> None:
+        self.modes.append((mode, alive))
+
+    def on_breakers(self, open_for_s: Mapping[str, float]) -> None:
+        self.breakers.append(dict(open_for_s))
+
+
+async def replica(settings: StateSettings, name: str, limit: int = 1) -> RedisState:
+    state = RedisState(settings, replica=name)
+    state.configure({"p": limit}, ["p/m"])
+    await state.start(Recorder())
+    return state
+
+
+@pytest.fixture
+async def settings() -> AsyncIterator[StateSettings]:
+    with prefixed() as (_, prefix):
+        yield StateSettings(backend="redis", url=URL, prefix=prefix, lease_ttl_s=3.0)
+
+
+async def test_replicas_share_one_limit_and_the_best_waiter_is_woken_at_once(
+        settings: StateSettings) -> None:
+    a, b, c = [await replica(settings, name) for name in "abc"]
+    try:
+        first = await a.lease("p", 1, rank=0, waited_s=0, timeout_s=5)
+        assert isinstance(first, Lease)
+        low = asyncio.ensure_future(b.lease("p", 1, rank=32, waited_s=30, timeout_s=5))
+        await asyncio.sleep(0.05)
+        high = asyncio.ensure_future(c.lease("p", 1, rank=0, waited_s=0, timeout_s=5))
+        await asyncio.sleep(0.05)
+        assert not low.done() and not high.done()
+        started = time.monotonic()
+        a.release(first)
+        second = await asyncio.wait_for(high, 2)
+        assert time.monotonic() - started < 0.5  # woken by its wake list, not a sweep
+        assert isinstance(second, Lease) and not low.done()
+        c.release(second)
+        assert isinstance(await asyncio.wait_for(low, 2), Lease)
+        assert c.status()["leases_held"] == 0 and b.status()["leases_held"] == 1
+        await asyncio.sleep(a.beat_s + 0.2)
+        assert a.status()["replicas_alive"] == 3
+    finally:
+        for state in (a, b, c):
+            await state.close()
+
+
+async def test_a_cancelled_or_timed_out_wait_leaves_no_waiter_and_no_slot(
+        settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 5))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        with pytest.raises(TimeoutError):
+            await b.lease("p", 1, 0, 0, 0.1)
+        await asyncio.sleep(0.1)
+        client = a._redis
+        assert await client.zcard(settings.prefix + ":waiters:p") == 0
+        a.release(held)
+        a.release(held)  # twice: nothing more
+        await asyncio.sleep(0.1)
+        assert await client.zcard(settings.prefix + ":leases:p") == 0
+        again = await b.lease("p", 1, 0, 0, 1)
+        assert again is not None
+        b.release(again)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_lease_granted_to_a_call_that_left_goes_straight_back(
+        settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        # A grant nobody waits for (as if the waiter left just as it was granted).
+        await b._redis.rpush(settings.prefix + ":wake:b", "b|77|p")
+        await b._redis.zadd(settings.prefix + ":leases:p", {"b|77|p": 1e15})
+        a.release(held)
+        await asyncio.sleep(0.3)
+        assert await b._redis.zcard(settings.prefix + ":leases:p") == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_breaker_opened_on_one_replica_reaches_the_others(
+        settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        a.breaker_opened("p/m", 5.0)
+        await asyncio.sleep(b.beat_s + 0.3)
+        hooks = b._hooks
+        assert isinstance(hooks, Recorder)
+        assert hooks.breakers and 3.0 < hooks.breakers[-1]["p/m"] <= 5.0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_shared_rate_buckets_hold_across_replicas(settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        assert await a.take_rate("key:k", 2, None, 10) == 0
+        assert await b.take_rate("key:k", 2, None, 10) == 0
+        assert await a.take_rate("key:k", 2, None, 10) > 20
+        b.settle_rate("key:k", 2, None, 1, 0)  # one never went: its request comes back
+        await asyncio.sleep(0.1)
+        assert await a.take_rate("key:k", 2, None, 10) == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_unreachable_redis_local_mode_and_reject_mode() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    local = RedisState(StateSettings(backend="redis", url=url, lease_ttl_s=3.0), "x")
+    local.configure({"p": 4}, [])
+    hooks = Recorder()
+    await local.start(hooks)
+    try:
+        assert local.mode == "local" and hooks.modes == [("local", 1)]
+        noted = await local.lease("p", 4, 0, 0, 1)  # goes on with its share, noted
+        assert isinstance(noted, Lease) and local.status()["leases_held"] == 1
+        local.release(noted)
+        assert await local.take_rate("key:k", 1, None, 1) == 0
+        assert await local.take_rate("key:k", 1, None, 1) > 0  # a local share of the rpm
+        assert local.status()["errors"] >= 1 and local.status()["last_error"]
+    finally:
+        await local.close()
+    reject = RedisState(StateSettings(backend="redis", url=url, on_error="reject"), "y")
+    await reject.start(Recorder())
+    try:
+        with pytest.raises(StateUnavailable):
+            await reject.lease("p", 4, 0, 0, 1)
+    finally:
+        await reject.close()
+
+
+async def test_redis_restarted_waiters_fall_back_then_shared_mode_returns() -> None:
+    server = PrivateRedis()
+    server.start()
+    settings = StateSettings(backend="redis", url=server.url, lease_ttl_s=3.0)
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 10))
+        await asyncio.sleep(0.1)
+        server.stop()
+        assert await asyncio.wait_for(waiting, 3) is None  # to queue again, under its share
+        assert b.mode == "local"
+        assert held is not None
+        noted = await b.lease("p", 1, 0, 0, 1)  # started without Redis, under b's share
+        assert noted is not None
+        server.start()
+        await asyncio.sleep(a.beat_s * 2 + 0.5)
+        assert a.mode == "shared" and b.mode == "shared"
+        # Both are written back: the calls started before and during the outage count.
+        assert await a._redis.zcard(settings.prefix + ":leases:p") == 2
+        b.release(noted)
+        # The lease held across the outage was written back: the limit holds again.
+        with pytest.raises(TimeoutError):
+            await b.lease("p", 1, 0, 0, 0.3)
+        a.release(held)
+        await asyncio.sleep(0.1)
+        got = await b.lease("p", 1, 0, 0, 1)
+        assert got is not None
+        b.release(got)
+    finally:
+        await a.close()
+        await b.close()
+        server.stop()
