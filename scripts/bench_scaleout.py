@@ -1,0 +1,171 @@
+"""Scale-out: what Redis adds per admission, and throughput with 1, 2 and 3 processes.
+(docs: benchmarks.md, section 3)
+
+- Admission: ``RedisState.lease`` on loopback with a free slot (one Lua script round trip),
+  sequentially and with 32 callers at once; the memory backend asks nothing (0).
+- Throughput: closed-loop load (aiohttp client, its own process) on ``serve`` with the
+  memory backend, then with the redis backend as 1 process and as ``--workers 2`` and
+  ``--workers 3`` on one port, against one fast fake upstream; targets alternated round by
+  round. On a 2-core machine the load generator and the upstream share the cores with
+  the proxy's processes: read the ratios, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import redis
+from bench_common import (
+    REQUEST_TIMEOUT_S,
+    WARMUP_S,
+    Children,
+    Load,
+    Sample,
+    children,
+    load_command,
+    loop_factory,
+    machine,
+    percentile,
+    serve_loads,
+    serve_until_signalled,
+    upstream_app,
+)
+
+from proxy.config.state import StateSettings
+from proxy.state.shared import RedisState
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+BODY = orjson.dumps({"model": "bench-model", "max_tokens": 16,
+                     "messages": [{"role": "user", "content": "Say hello in five words."}]})
+HEADERS = {"Content-Type": "application/json"}
+TARGETS = {"memory x1": ("memory", 1), "redis x1": ("redis", 1),
+           "redis --workers 2": ("redis", 2), "redis --workers 3": ("redis", 3)}
+
+
+async def admission(calls: int, callers: int) -> tuple[float, float]:
+    """p50, p99 of one lease with a free slot, in ms."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    state = RedisState(StateSettings(backend="redis", url=REDIS_URL, prefix=prefix), "bench")
+    state.configure({"p": 1_000_000}, [])
+    await state.start(_Hooks())
+    took: list[float] = []
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            started = time.perf_counter()
+            lease = await state.lease("p", 1_000_000, 0, 0.0, 10.0)
+            took.append(time.perf_counter() - started)
+            assert lease is not None
+            state.release(lease)
+
+    try:
+        await asyncio.gather(*(caller(calls // callers) for _ in range(callers)))
+    finally:
+        await state.close()
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    took.sort()
+    return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000
+
+
+class _Hooks:
+    def on_mode(self, mode: str, alive: int) -> None:
+        if mode != "shared":
+            raise SystemExit(f"Redis at {REDIS_URL} is not reachable")
+
+    def on_breakers(self, open_for_s: object) -> None:
+        return None
+
+
+def config(upstream: str, backend: str, prefix: str) -> str:
+    return f"""\
+classify: {{default_tier: normal}}
+state: {{backend: {backend}, url: "{REDIS_URL}", prefix: {prefix}}}
+providers:
+  - {{name: fake, base_url: "{upstream}/v1", api_key: k, max_concurrency: 256}}
+models:
+  bench-model: [{{provider: fake, model: fake-model}}]
+"""
+
+
+def measure(kids: Children, url: str, connections: int, duration_s: float) -> Sample:
+    loadgen = kids.procs["loadgen"]
+    assert loadgen.stdin is not None
+    loadgen.stdin.write(load_command(Load(url, BODY, HEADERS, connections, duration_s)))
+    loadgen.stdin.flush()
+    line = kids.read_line("loadgen", duration_s + WARMUP_S + REQUEST_TIMEOUT_S + 10)
+    return Sample(**orjson.loads(line))
+
+
+def throughput(args: argparse.Namespace) -> list[str]:
+    python, me = sys.executable, str(Path(__file__).resolve())
+    path = "/v1/chat/completions"
+    lines = []
+    with children("bench-scaleout-") as kids:
+        kids.start("upstream", [python, me, "--role", "upstream"])
+        upstream = kids.wait_listening("upstream")
+        kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
+        urls = {}
+        for name, (backend, workers) in TARGETS.items():
+            file = kids.logs / f"{name.replace(' ', '_')}.yaml"
+            file.write_text(config(upstream, backend, f"bench-{uuid.uuid4().hex[:8]}"))
+            kids.start(name, [python, "-m", "proxy", "serve", "--config", str(file),
+                              "--port", "0", "--log-level", "WARNING",
+                              "--workers", str(workers)])
+            urls[name] = kids.wait_listening(name) + path
+        time.sleep(3.0)  # every worker up and beating
+        runs: dict[str, list[Sample]] = {name: [] for name in TARGETS}
+        for _ in range(args.rounds):
+            for name, url in urls.items():
+                runs[name].append(measure(kids, url, args.connections, args.duration))
+        base = statistics.median(s.rps for s in runs["memory x1"])
+        lines.append(f"{'target':<20}{'req/s':>8}{'vs memory':>11}{'p50 ms':>8}{'p99 ms':>8}"
+                     f"{'errors':>7}")
+        for name, samples in runs.items():
+            rps = statistics.median(s.rps for s in samples)
+            lines.append(
+                f"{name:<20}{rps:>8.0f}{rps / base:>11.2f}"
+                f"{statistics.median(s.p50_ms for s in samples):>8.2f}"
+                f"{statistics.median(s.p99_ms for s in samples):>8.2f}"
+                f"{sum(s.errors for s in samples):>7}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", choices=["upstream", "loadgen"], help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
+    parser.add_argument("--connections", type=int, default=32)
+    args = parser.parse_args()
+    if args.role == "loadgen":
+        serve_loads()
+        return
+    if args.role == "upstream":
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(serve_until_signalled(upstream_app()))
+        return
+    print(f"machine: {machine()}")
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        for callers in (1, 32):
+            p50, p99 = runner.run(admission(5000, callers))
+            print(f"admission through Redis, {callers:>2} at once: p50 {p50:.3f} ms, "
+                  f"p99 {p99:.3f} ms (memory backend: none)")
+    print(f"throughput: closed loop, {args.connections} conns, {args.rounds} rounds x "
+          f"{args.duration:g} s, targets alternated (medians)")
+    for line in throughput(args):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
