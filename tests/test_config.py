@@ -164,6 +164,12 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
                models={"m": [{"provider": "a", "model": "x"}]}),
          "providers[0].headers.X-Team: uses an environment variable that is not set"),
         ([1, 2], "<root>: must be a mapping"),
+        (with_(state={"backend": "etcd"}), "state.backend: must be one of memory, redis"),
+        (with_(state={"backend": "redis", "url": "http://x"}),
+         "state.url: must be a redis://, rediss:// or unix:// URL"),
+        (with_(state={"prefix": "a b"}), "state.prefix: must be 1-64 letters"),
+        (with_(state={"lease_ttl_s": 0.1}), "state.lease_ttl_s: must be >= 1.0"),
+        (with_(state={"on_error": "ignore"}), "state.on_error: must be one of local, reject"),
     ],
 )
 def test_invalid_configs_name_the_yaml_path(data: object, message: str) -> None:
@@ -276,3 +282,14 @@ def test_the_readme_examples_are_valid_config() -> None:
     assert config.models["chat"].degradation is not None
     assert [s.name for s in config.schedules] == ["evening-peak", "night"]
     assert config.scheduler.promote_after_s[0] == float("inf")
+
+
+def test_the_state_section_and_its_url_shown_without_the_password() -> None:
+    config = parse_config(with_(state={"backend": "redis", "url": "${REDIS_URL}",
+                                       "lease_ttl_s": 5}),
+                          {"REDIS_URL": "redis://:hunter2@redis.internal:6380/1"})
+    state = config.state
+    assert (state.backend, state.prefix, state.lease_ttl_s, state.on_error) == (
+        "redis", "triage", 5.0, "local")
+    assert state.shown_url == "redis://redis.internal:6380/1"
+    assert parse_config(MINIMAL, {}).state.backend == "memory"

@@ -224,6 +224,12 @@ async def test_reload_needs_the_admin_key_and_a_file(
     write(path, table("http://127.0.0.1:9/v1", listen={"host": "0.0.0.0", "port": 2}))
     code, answer = await reload(client)
     assert code == 200 and answer["restart_needed"] == ["listen"]
+    write(path, table("http://127.0.0.1:9/v1", listen={"host": "0.0.0.0", "port": 2},
+                      state={"backend": "redis"}))
+    code, answer = await reload(client)
+    assert code == 200 and answer["restart_needed"] == ["listen", "state"]
+    status = await (await client.get("/admin/status", headers=ADMIN)).json()
+    assert status["state"]["backend"] == "memory"  # kept until the restart
     bare: Client = await aiohttp_client(build_app(load_config(path), counter=counter))
     resp = await bare.post("/admin/reload", headers=ADMIN)
     assert resp.status == 400 and "without a config file" in (await resp.json())[
