@@ -161,8 +161,9 @@ async def test_mixed_tiers_across_replicas_go_in_one_global_tier_order(
                     await asyncio.sleep(0.02)
             lows = [asyncio.ensure_future(call(session, b, f"low{i}")) for i in range(6)]
             await asyncio.sleep(0.5)  # the lows wait first (in Redis, and in b's queue)
-            highs = [asyncio.ensure_future(call(session, c, f"high{i}", "high"))
-                     for i in range(3)]
+            # Two on the replica whose slots the lows hold while they wait, one elsewhere.
+            highs = [asyncio.ensure_future(call(session, where, f"high{i}", "high"))
+                     for i, where in enumerate((b, b, c))]
             await asyncio.sleep(0.5)
             upstream.gate.set()
             assert await asyncio.gather(*first, *lows, *highs) == [200] * 12

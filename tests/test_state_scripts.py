@@ -21,25 +21,34 @@ class Lua:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
         self.p = prefix + ":"
-        self._acquire = client.register_script(scripts.ACQUIRE)
-        self._release = client.register_script(scripts.RELEASE)
+        self._batch = client.register_script(scripts.BATCH)
         self._beat = client.register_script(scripts.HEARTBEAT)
         self._rate = client.register_script(scripts.RATE)
         self._cut = client.register_script(scripts.CUT)
 
-    def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
-                ttl: int = TTL, provider: str = "p") -> int:
-        return int(self._acquire(args=[self.p, provider, member, limit, ttl, rank, waited_ms]))
+    def batch(self, releases: list[tuple[str, int]], acquires: list[tuple[str, int, int, int]],
+              ttl: int = TTL, provider: str = "p") -> list[int]:
+        args: list[Any] = [self.p, ttl, len(releases)]
+        for member, limit in releases:
+            args += [provider, member, limit]
+        args.append(len(acquires))
+        for member, limit, rank, waited_ms in acquires:
+            args += [provider, member, limit, rank, waited_ms]
+        return [int(flag) for flag in self._batch(args=args)]
 
-    def release(self, member: str, limit: int = 2, provider: str = "p") -> int:
-        return int(self._release(args=[self.p, provider, member, limit, TTL]))
+    def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
+                ttl: int = TTL) -> int:
+        return self.batch([], [(member, limit, rank, waited_ms)], ttl=ttl)[0]
+
+    def release(self, member: str, limit: int = 2) -> None:
+        self.batch([(member, limit)], [])
 
     def beat(self, replica: str, *, held: tuple[str, ...] = (), waiting: tuple[str, ...] = (),
              deployments: tuple[str, ...] = (), limit: int = 2, recreate: bool = False,
-             ttl: int = TTL) -> list[Any]:
+             ttl: int = TTL, unwritten: tuple[str, ...] = ()) -> list[Any]:
         args: list[Any] = [self.p, replica, ttl, int(recreate), 1, "p", limit, len(held)]
         for member in held:
-            args += ["p", member]
+            args += ["p", member, int(member in unwritten)]
         args.append(len(waiting))
         for member in waiting:
             args += ["p", member]
@@ -80,7 +89,7 @@ def test_release_hands_the_slot_to_the_best_waiter_and_wakes_its_replica(lua: Lu
     assert lua.acquire("b|1|p", limit=1, rank=32, waited_ms=60_000) == 0  # low tier, old
     assert lua.acquire("c|1|p", limit=1, rank=0, waited_ms=0) == 0  # top tier, new
     assert lua.acquire("c|2|p", limit=1, rank=0, waited_ms=5_000) == 0  # top tier, older
-    assert lua.release("a|1|p", limit=1) == 1
+    lua.release("a|1|p", limit=1)
     assert lua.leases() == ["c|2|p"]
     assert lua.wakes("c") == ["c|2|p"]
     assert lua.client.pttl(lua.p + "wake:c") > 0  # a dead replica's wake list goes away
@@ -91,11 +100,12 @@ def test_release_hands_the_slot_to_the_best_waiter_and_wakes_its_replica(lua: Lu
 
 def test_release_is_idempotent_and_never_frees_someone_elses_slot(lua: Lua) -> None:
     lua.acquire("a|1|p", limit=1)
-    assert lua.release("a|1|p", limit=1) == 1
-    assert lua.release("a|1|p", limit=1) == 0
-    assert lua.release("never|1|p", limit=1) == 0
+    lua.release("a|1|p", limit=1)
+    lua.release("a|1|p", limit=1)
+    lua.release("never|1|p", limit=1)
+    assert lua.leases() == []
     lua.acquire("b|1|p", limit=1)
-    assert lua.release("a|1|p", limit=1) == 0
+    lua.release("a|1|p", limit=1)
     assert lua.leases() == ["b|1|p"]
     assert lua.acquire("c|1|p", limit=1) == 0
 
@@ -103,7 +113,8 @@ def test_release_is_idempotent_and_never_frees_someone_elses_slot(lua: Lua) -> N
 def test_release_withdraws_a_waiter(lua: Lua) -> None:
     lua.acquire("a|1|p", limit=1)
     lua.acquire("b|1|p", limit=1)
-    assert lua.release("b|1|p", limit=1) == 1
+    lua.release("b|1|p", limit=1)
+    assert lua.client.zcard(lua.p + "waiters:p") == 0
     lua.release("a|1|p", limit=1)
     assert lua.leases() == []
     assert lua.wakes("b") == []
@@ -156,11 +167,30 @@ def test_the_heartbeat_counts_replicas_and_reports_grants_losses_and_breakers(
 def test_after_redis_lost_its_leases_a_recreating_heartbeat_writes_them_back(
         lua: Lua) -> None:
     lua.acquire("a|1|p", limit=1)
-    lua.client.delete(lua.p + "leases:p")  # what a restarted Redis holds
+    lua.beat("a", held=("a|1|p",), limit=1)
+    lua.client.delete(lua.p + "leases:p")  # as if released meanwhile
     lua.beat("a", held=("a|1|p",), limit=1)
     assert lua.leases() == []  # a plain heartbeat never resurrects a released lease
     lua.beat("a", held=("a|1|p",), limit=1, recreate=True)
     assert lua.leases() == ["a|1|p"]
+    assert lua.acquire("b|1|p", limit=1) == 0
+
+
+def test_a_redis_that_lost_its_state_is_noticed_and_every_held_lease_written_back(
+        lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.beat("a", held=("a|1|p",), limit=1)
+    for key in lua.client.scan_iter(lua.p + "*"):  # a restart between two heartbeats
+        lua.client.delete(key)
+    lua.beat("a", held=("a|1|p",), limit=1)
+    assert lua.leases() == ["a|1|p"]
+    assert lua.acquire("b|1|p", limit=1) == 0
+
+
+def test_a_lease_noted_without_redis_is_written_by_the_next_heartbeat(lua: Lua) -> None:
+    lua.beat("a", limit=1)
+    lua.beat("a", held=("a|9|p",), unwritten=("a|9|p",), limit=1)
+    assert lua.leases() == ["a|9|p"]
     assert lua.acquire("b|1|p", limit=1) == 0
 
 
@@ -196,3 +226,14 @@ def test_a_smaller_actual_use_gives_tokens_back(lua: Lua) -> None:
     assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=900) > 0
     lua.rate(rpm=0, tpm=1000, requests=0, tokens=800, take=False)  # used 100 of 900
     assert lua.rate(rpm=0, tpm=1000, requests=1, tokens=900) == 0
+
+
+def test_a_batch_gives_back_first_and_hands_the_slot_to_the_best_waiter(lua: Lua) -> None:
+    lua.acquire("a|1|p", limit=1)
+    lua.acquire("b|1|p", limit=1, rank=0, waited_ms=5_000)  # waiting, the best
+    flags = lua.batch([("a|1|p", 1)], [("c|1|p", 1, 0, 0), ("d|1|p", 1, 0, 0)])
+    assert flags == [0, 0]
+    assert lua.leases() == ["b|1|p"] and lua.wakes("b") == ["b|1|p"]
+    flags = lua.batch([("b|1|p", 1)], [("e|1|p", 1, 0, 60_000)])
+    assert flags == [0]  # the slot went to a waiter before this batch's own asked
+    assert lua.leases() == ["c|1|p"] and lua.wakes("c") == ["c|1|p"]

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
+from redis.asyncio import Redis
 
 from proxy.config.state import StateSettings
 from proxy.core.errors import StateUnavailable
@@ -196,6 +197,78 @@ async def test_redis_restarted_waiters_fall_back_then_shared_mode_returns() -> N
         got = await b.lease("p", 1, 0, 0, 1)
         assert got is not None
         b.release(got)
+    finally:
+        await a.close()
+        await b.close()
+        server.stop()
+
+
+BUSY_300_MS = """
+local t0 = redis.call('TIME')
+local s0 = tonumber(t0[1]) * 1e6 + tonumber(t0[2])
+while true do
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1e6 + tonumber(t[2]) - s0 > 300000 then break end
+end
+return 0
+"""
+
+
+async def test_a_call_that_leaves_while_its_request_for_a_slot_is_in_flight_leaves_nothing(
+        settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    slow = Redis.from_url(settings.url)
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        busy = asyncio.ensure_future(slow.eval(BUSY_300_MS, 0))
+        await asyncio.sleep(0.05)  # Redis is busy: b's batch goes out, its answer waits
+        leaving = asyncio.ensure_future(b.lease("p", 1, 0, 0, 5))
+        await asyncio.sleep(0.1)
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        await busy
+        a.release(held)
+        again = await a.lease("p", 1, 0, 0, 2)  # the slot is not stuck with b
+        assert again is not None and not b._waiting and not b._held
+        a.release(again)
+    finally:
+        await slow.aclose()
+        await a.close()
+        await b.close()
+
+
+async def test_a_replica_that_closes_takes_its_waiters_out_of_redis(
+        settings: StateSettings) -> None:
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 5))
+        await asyncio.sleep(0.1)
+        await b.close()
+        assert await waiting is None
+        assert await a._redis.zcard(settings.prefix + ":waiters:p") == 0
+        a.release(held)
+    finally:
+        await a.close()
+
+
+async def test_a_restart_between_two_heartbeats_is_noticed_and_leases_written_back() -> None:
+    server = PrivateRedis()
+    server.start()
+    settings = StateSettings(backend="redis", url=server.url, lease_ttl_s=3.0)
+    a, b = await replica(settings, "a"), await replica(settings, "b")
+    try:
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        server.stop()
+        server.start()  # quicker than a heartbeat: no command of a failed meanwhile
+        await asyncio.sleep(a.beat_s + 0.3)
+        with pytest.raises(TimeoutError):  # a's lease is back: b waits
+            await b.lease("p", 1, 0, 0, 0.5)
+        a.release(held)
     finally:
         await a.close()
         await b.close()

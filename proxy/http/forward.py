@@ -38,7 +38,7 @@ from .accounting import record_usage
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
-from .replicas import ended, grant, settle_key, take_key
+from .replicas import ended, grant, make_room, settle_key, take_key
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID, SERVICE
 from .upstream import UpstreamRequest, UpstreamResponse
@@ -205,6 +205,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
         service.admission.settle()
         match command:
             case Queue(ticket=ticket):
+                make_room(service, attempts, ticket)
                 decision = await service.admission.wait(ticket)
                 now = service.clock.now()
                 if isinstance(decision, Rejection):

@@ -14,7 +14,7 @@ from ..core.errors import RateLimited
 from ..core.fleet import Verdict
 from ..core.plan import Plan
 from ..core.route import Deployment
-from ..core.scheduler import Ticket
+from ..core.scheduler import Ticket, TicketState
 from ..state.base import Lease
 from .service import Service
 
@@ -66,15 +66,38 @@ async def _lease(service: Service, attempts: Attempts, deployment: Deployment,
     if lease is None:  # Redis went away while it waited: the local share decides now
         service.scheduler.give_back(ticket, clock.now())
         return Queue(ticket)
-    wait_s = await shared.take_rate("provider:" + provider.name, provider.rpm, provider.tpm,
-                                    tokens)
-    if wait_s > 0:
-        shared.release(lease)
+    kept = False
+    try:
+        wait_s = await shared.take_rate("provider:" + provider.name, provider.rpm,
+                                        provider.tpm, tokens)
+        kept = wait_s <= 0
+    finally:
+        if not kept:  # spent, cancelled, or refused (reject mode): the slot goes back
+            shared.release(lease)
+    if not kept:
         now = clock.now()
         service.scheduler.pause(provider.name, now + wait_s, now)
         service.scheduler.give_back(ticket, now)
         return Queue(ticket)
     return lease
+
+
+def make_room(service: Service, attempts: Attempts, ticket: Ticket) -> None:
+    """Before ``ticket`` queues here: if its provider's local slots are all taken, and some
+    by calls of a less urgent tier waiting in Redis for a slot, send the least urgent of
+    those back to the local queue, so this call takes its local slot and waits in Redis in
+    the global order (not behind them, outside it)."""
+    shared = service.shared
+    if not shared.shared:
+        return
+    tier = ticket.tier if ticket.state is TicketState.NEW else ticket.current_tier
+    scheduler = service.scheduler
+    candidates = set(ticket.candidates)
+    for deployment in attempts.plan.route.candidates:
+        name = deployment.provider
+        if (deployment.id in candidates and scheduler.inflight(name) >= scheduler.capacity(name)
+                and shared.withdraw_below(name, (tier + 1) * LEVELS - 1)):
+            return
 
 
 def ended(service: Service, deployment: Deployment, tokens: int, used: int | None,

@@ -59,6 +59,8 @@ class State(Protocol):
 
     def release(self, lease: Lease) -> None: ...
 
+    def withdraw_below(self, provider: str, rank: int) -> bool: ...
+
     async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
                         tokens: int) -> float: ...
 
@@ -98,6 +100,9 @@ class MemoryState:
 
     def release(self, lease: Lease) -> None:
         return None
+
+    def withdraw_below(self, provider: str, rank: int) -> bool:
+        return False
 
     async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
                         tokens: int) -> float:

@@ -14,12 +14,14 @@ Keys, under the configured prefix ``p`` (one Redis, not a cluster: scripts build
 A member is ``{replica}|{n}|{provider}``. Times come from Redis ``TIME`` only, never a replica's
 clock. A waiter's score is ``rank * 2**41 + (now - waited_ms)``: lower goes first, so
 a more urgent tier or level first, then the one that arrived first (its wait so far is
-measured on its replica's clock, which is only ever a difference).
+measured on its replica's clock, which is only ever a difference). In scores ``now``
+counts from 2023-11-14, so 2**41 ms last until 2093.
 """
 
 from __future__ import annotations
 
 _NOW = """
+local EPOCH_MS = 1700000000000  -- arrival in scores counts from 2023: 2^41 ms last 69 years
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
@@ -54,39 +56,59 @@ local function sweep(p, prov, limit, now, ttl, me)
 end
 """
 
-# ARGV: prefix, provider, member, limit, ttl_ms, rank, waited_ms → 1 granted, 0 waiting.
-ACQUIRE = _NOW + _SWEEP + """
-local p, prov, member = ARGV[1], ARGV[2], ARGV[3]
-local limit, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
-local lk = p .. 'leases:' .. prov
-if redis.call('ZSCORE', lk, member) then return 1 end
-local score = tonumber(ARGV[6]) * 2199023255552 + (now - tonumber(ARGV[7]))
-redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
-redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
-sweep(p, prov, limit, now, ttl, member)
-if redis.call('ZSCORE', lk, member) then return 1 end
-return 0
-"""
-
-# ARGV: prefix, provider, member, limit, ttl_ms → how many entries it removed (0: none;
-# releasing twice, or a member never seen, is harmless). Frees a slot or withdraws a waiter.
-RELEASE = _NOW + _SWEEP + """
-local p, prov, member = ARGV[1], ARGV[2], ARGV[3]
-local removed = redis.call('ZREM', p .. 'leases:' .. prov, member)
-removed = removed + redis.call('ZREM', p .. 'waiters:' .. prov, member)
-redis.call('ZREM', p .. 'wexp:' .. prov, member)
-sweep(p, prov, tonumber(ARGV[4]), now, tonumber(ARGV[5]), '')
-return removed
+# Slots asked for and given back since the last call, in one round trip. ARGV: prefix,
+# ttl_ms, then counted lists: releases (provider, member, limit), acquires (provider,
+# member, limit, rank, waited_ms). Answers one flag per acquire: 1 granted, 0 waiting (its
+# replica is woken through its wake list when a slot is handed to it). Releasing twice, or
+# a member never seen, is harmless; releasing a waiter withdraws it. Releases go first, so
+# a slot given back in the same batch is handed to the best waiter, not the batch's next.
+BATCH = _NOW + _SWEEP + """
+local p, ttl = ARGV[1], tonumber(ARGV[2])
+local i = 3
+local swept = {}
+for _ = 1, tonumber(ARGV[i]) do
+  local prov, member = ARGV[i + 1], ARGV[i + 2]
+  redis.call('ZREM', p .. 'leases:' .. prov, member)
+  redis.call('ZREM', p .. 'waiters:' .. prov, member)
+  redis.call('ZREM', p .. 'wexp:' .. prov, member)
+  swept[prov] = tonumber(ARGV[i + 3])
+  i = i + 3
+end
+for prov, limit in pairs(swept) do
+  sweep(p, prov, limit, now, ttl, '')
+end
+i = i + 1
+local granted = {}
+for _ = 1, tonumber(ARGV[i]) do
+  local prov, member, limit = ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  local lk = p .. 'leases:' .. prov
+  if not redis.call('ZSCORE', lk, member) then
+    local score = tonumber(ARGV[i + 4]) * 2199023255552
+      + (now - EPOCH_MS - tonumber(ARGV[i + 5]))
+    redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
+    redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
+    sweep(p, prov, limit, now, ttl, member)
+  end
+  granted[#granted + 1] = redis.call('ZSCORE', lk, member) and 1 or 0
+  i = i + 5
+end
+return granted
 """
 
 # One replica's heartbeat and safety sweep. ARGV: prefix, replica, ttl_ms, recreate (1:
-# leases are written even if missing, after Redis lost them), then counted lists:
-# providers (name, limit), held (provider, member), waiting (provider, member),
-# deployments. Answers {replicas alive, granted waiters, lost waiters, open breakers
-# (deployment, ms left)…}.
+# every held lease is written even if missing, after Redis lost them), then counted
+# lists: providers (name, limit), held (provider, member, write: 1 for a lease Redis has
+# not seen yet, written even if missing; 0: refreshed only if still there, so a lease
+# released meanwhile is not brought back), waiting (provider, member), deployments.
+# A replica's ``seen`` key missing means Redis lost its state (a restart, a flush): every
+# held lease is written back. Answers {replicas alive, granted waiters, lost waiters, open
+# breakers (deployment, ms left)…}.
 HEARTBEAT = _NOW + _SWEEP + """
 local p, replica, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local recreate = ARGV[4] == '1'
+local seen = p .. 'seen:' .. replica
+if redis.call('EXISTS', seen) == 0 then recreate = true end
+redis.call('SET', seen, 1, 'PX', ttl * 3)
 redis.call('ZADD', p .. 'replicas', now + ttl, replica)
 redis.call('ZREMRANGEBYSCORE', p .. 'replicas', '-inf', now)
 local alive = redis.call('ZCARD', p .. 'replicas')
@@ -99,12 +121,12 @@ end
 i = i + 1
 for _ = 1, tonumber(ARGV[i]) do
   local lk = p .. 'leases:' .. ARGV[i + 1]
-  if recreate then
+  if recreate or ARGV[i + 3] == '1' then
     redis.call('ZADD', lk, now + ttl, ARGV[i + 2])
   else
     redis.call('ZADD', lk, 'XX', now + ttl, ARGV[i + 2])
   end
-  i = i + 2
+  i = i + 3
 end
 i = i + 1
 local granted, lost = {}, {}

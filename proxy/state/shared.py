@@ -75,15 +75,19 @@ class RedisState:
         self._blocking = Redis.from_url(
             settings.url, socket_timeout=self.beat_s + COMMAND_TIMEOUT_S + 1.0,
             socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
-        self._acquire = self._redis.register_script(scripts.ACQUIRE)
-        self._release = self._redis.register_script(scripts.RELEASE)
+        self._batch = self._redis.register_script(scripts.BATCH)
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
         self._rate = self._redis.register_script(scripts.RATE)
         self._cut = self._redis.register_script(scripts.CUT)
         self._seq = itertools.count()
         self._held: dict[str, str] = {}  # member → provider
+        self._unwritten: set[str] = set()  # held leases Redis has not seen (noted without it)
         self._waiting: dict[str, _Waiter] = {}
         self._unreleased: dict[str, str] = {}  # releases Redis did not take: sent again
+        # Asked for and given back since the last batch went (one round trip per batch).
+        self._acquires: list[tuple[list[str | int], asyncio.Future[int]]] = []
+        self._releases: list[tuple[str, str]] = []  # (provider, member)
+        self._sender: asyncio.Task[None] | None = None
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
         self._local_rates: dict[str, ProviderLimits] = {}
@@ -93,6 +97,7 @@ class RedisState:
         self._hooks: Hooks | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self._closed = False
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -103,13 +108,20 @@ class RedisState:
                        asyncio.create_task(self._wake_forever())]
 
     async def close(self) -> None:
+        self._closed = True
         for task in self._loops:
             task.cancel()
-        for waiter in self._waiting.values():
+        waiting, self._waiting = self._waiting, {}
+        for member, waiter in waiting.items():
             if not waiter.future.done():
                 waiter.future.set_result(False)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=CLOSE_WAIT_S)
+            self._give_back(member, waiter.provider)  # no slot handed to a replica gone
+        unreleased, self._unreleased = self._unreleased, {}
+        for member, provider in unreleased.items():
+            self._give_back(member, provider)
+        pending = [*self._tasks, *([self._sender] if self._sender is not None else [])]
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
         with contextlib.suppress(*REDIS_ERRORS):
             await self._redis.zrem(self._p + "replicas", self.replica)
         await self._redis.aclose()
@@ -129,33 +141,36 @@ class RedisState:
         calls started meanwhile count against the limit again. None: Redis went away
         while the call waited: it queues again, under the share. Raises TimeoutError
         after ``timeout_s``, StateUnavailable without Redis if ``on_error`` is reject."""
-        member = f"{self.replica}|{next(self._seq)}|{provider}"
         if self.mode != "shared":
-            return self._noted(member, provider)
+            return self._noted(provider)
+        member = f"{self.replica}|{next(self._seq)}|{provider}"
         future = asyncio.get_running_loop().create_future()
         self._waiting[member] = _Waiter(provider, limit, rank, time.monotonic() - waited_s,
                                         future)
+        settled = False
         try:
-            granted = await self._acquire(args=[self._p, provider, member, limit,
-                                                self._ttl_ms, rank, int(waited_s * 1000)])
-        except REDIS_ERRORS as exc:
-            self._waiting.pop(member, None)
-            self._failed(exc)
-            return self._noted(member, provider)
-        if granted:
-            self._waiting.pop(member, None)
-            self._held[member] = provider
-            return Lease(member, provider)
-        done = False
-        try:
+            try:
+                granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000))
+            except REDIS_ERRORS as exc:
+                self._waiting.pop(member, None)
+                self._unreleased[member] = provider  # withdrawn once Redis is back
+                self._failed(exc)
+                settled = True
+                return self._noted(provider)
+            if granted:
+                self._waiting.pop(member, None)
+                self._unreleased.pop(member, None)  # a failure meanwhile must not free it
+                self._held[member] = provider
+                settled = True
+                return Lease(member, provider)
             async with asyncio.timeout(timeout_s):
                 got = await future
-            done = True
+            settled = True
         finally:
-            if not done:  # timed out or cancelled: leave the waiters, or give the slot back
+            if not settled:  # timed out or cancelled: leave the waiters, or give the slot back
                 self._waiting.pop(member, None)
                 self._held.pop(member, None)
-                self._spawn_release(member, provider)
+                self._give_back(member, provider)
         if got:
             return Lease(member, provider)
         self._check_reject()
@@ -164,13 +179,16 @@ class RedisState:
     def release(self, lease: Lease) -> None:
         """Give the slot back (on every path; a second call does nothing). While Redis is
         away nothing is sent: a lease Redis still holds expires, unrefreshed."""
+        self._unwritten.discard(lease.member)
         if self._held.pop(lease.member, None) is not None and (
                 self.mode == "shared" or self._back_at is not None):
-            self._spawn_release(lease.member, lease.provider)
+            self._give_back(lease.member, lease.provider)
 
-    def _noted(self, member: str, provider: str) -> Lease:
+    def _noted(self, provider: str) -> Lease:
         self._check_reject()
+        member = f"{self.replica}|{next(self._seq)}|{provider}"
         self._held[member] = provider
+        self._unwritten.add(member)
         return Lease(member, provider)
 
     def _check_reject(self) -> None:
@@ -179,24 +197,74 @@ class RedisState:
             raise StateUnavailable()
         return None
 
+    def withdraw_below(self, provider: str, rank: int) -> bool:
+        """Send this replica's least urgent call waiting for ``provider`` whose rank is
+        above ``rank`` back to the local queue (its ``lease`` returns None), so a more
+        urgent call queued here can take its local slot and wait in Redis instead."""
+        worst = max(((w.rank, m) for m, w in self._waiting.items()
+                     if w.provider == provider and w.rank > rank and not w.future.done()),
+                    default=None)
+        if worst is None:
+            return False
+        member = worst[1]
+        waiter = self._waiting.pop(member)
+        waiter.future.set_result(False)
+        self._give_back(member, provider)
+        return True
+
     def _woken(self, member: str) -> None:
         waiter = self._waiting.pop(member, None)
         if waiter is not None and not waiter.future.done():
             self._held[member] = waiter.provider
             waiter.future.set_result(True)
         elif member not in self._held:  # granted to a call that is gone: straight back
-            self._spawn_release(member, provider_of(member))
+            self._give_back(member, provider_of(member))
 
-    def _spawn_release(self, member: str, provider: str) -> None:
-        self._spawn(self._send_release(member, provider))
+    def _ask(self, provider: str, member: str, limit: int, rank: int,
+             waited_ms: int) -> asyncio.Future[int]:
+        """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch)."""
+        future = asyncio.get_running_loop().create_future()
+        self._acquires.append(([provider, member, limit, rank, waited_ms], future))
+        self._send_soon()
+        return future
 
-    async def _send_release(self, member: str, provider: str) -> None:
-        try:
-            await self._release(args=[self._p, provider, member,
-                                      self._limits.get(provider, 0), self._ttl_ms])
-        except REDIS_ERRORS as exc:
-            self._unreleased[member] = provider
-            self._failed(exc)
+    def _give_back(self, member: str, provider: str) -> None:
+        if any(asked[1] == member for asked, _ in self._acquires):  # never sent: unask
+            for asked, future in self._acquires:
+                if asked[1] == member:
+                    future.cancel()
+            self._acquires = [a for a in self._acquires if a[0][1] != member]
+        self._releases.append((provider, member))
+        self._send_soon()
+
+    def _send_soon(self) -> None:
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_batches())
+
+    async def _send_batches(self) -> None:
+        """One batch in flight at a time; what is asked meanwhile goes in the next one."""
+        while self._acquires or self._releases:
+            acquires, self._acquires = self._acquires, []
+            releases, self._releases = self._releases, []
+            args: list[str | int] = [self._p, self._ttl_ms, len(releases)]
+            for provider, member in releases:
+                args += [provider, member, self._limits.get(provider, 0)]
+            args.append(len(acquires))
+            for asked, _ in acquires:
+                args += asked
+            try:
+                flags = await self._batch(args=args)
+            except REDIS_ERRORS as exc:
+                for provider, member in releases:
+                    self._unreleased[member] = provider
+                for _, future in acquires:
+                    if not future.done():
+                        future.set_exception(exc)
+                self._failed(exc)
+                continue
+            for (_, future), flag in zip(acquires, flags, strict=True):
+                if not future.done():
+                    future.set_result(int(flag))
 
     # --- rpm / tpm ----------------------------------------------------------------------
 
@@ -261,7 +329,9 @@ class RedisState:
     # --- heartbeat, wake-ups, trouble ---------------------------------------------------
 
     async def _beat_forever(self) -> None:
-        while True:
+        # A cancel can be lost inside redis-py on Python 3.11 (asyncio.wait_for): the flag
+        # ends the loop whatever happens to the cancel.
+        while not self._closed:
             await asyncio.sleep(self.beat_s)
             await self._beat()
 
@@ -271,9 +341,10 @@ class RedisState:
         for name, limit in self._limits.items():
             args += [name, limit]
         held = list(self._held.items())
+        unwritten = self._unwritten & self._held.keys()
         args.append(len(held))
         for member, provider in held:
-            args += [provider, member]
+            args += [provider, member, int(member in unwritten)]
         waiting = [(m, w.provider) for m, w in self._waiting.items()]
         args.append(len(waiting))
         for member, provider in waiting:
@@ -282,14 +353,14 @@ class RedisState:
         args += self._deployments
         try:
             alive, granted, lost, opened = await self._heartbeat(args=args)
-            for member, provider in list(self._unreleased.items()):
-                await self._release(args=[self._p, provider, member,
-                                          self._limits.get(provider, 0), self._ttl_ms])
-                del self._unreleased[member]
         except REDIS_ERRORS as exc:
             self._failed(exc)
             return
         self.alive = int(alive)
+        self._unwritten -= unwritten
+        unreleased, self._unreleased = self._unreleased, {}
+        for member, provider in unreleased.items():
+            self._give_back(member, provider)
         if self.mode != "shared":
             # Back after a second heartbeat a period later: by then every live replica has
             # written the leases of the calls it started without Redis.
@@ -318,18 +389,16 @@ class RedisState:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
         waited_ms = int((time.monotonic() - waiter.arrived) * 1000)
         try:
-            granted = await self._acquire(args=[self._p, waiter.provider, member,
-                                                waiter.limit, self._ttl_ms, waiter.rank,
-                                                waited_ms])
-        except REDIS_ERRORS as exc:
-            self._failed(exc)
-            return
+            granted = await self._ask(waiter.provider, member, waiter.limit, waiter.rank,
+                                      waited_ms)
+        except REDIS_ERRORS:
+            return  # failed over already
         if granted:
             self._woken(member)
 
     async def _wake_forever(self) -> None:
         key = self._p + "wake:" + self.replica
-        while True:
+        while not self._closed:
             try:
                 item = await self._blocking.blpop([key], timeout=1)  # type: ignore[misc]
             except REDIS_ERRORS:
