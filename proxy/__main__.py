@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 
 from . import __version__
 from .config import Config, ConfigError, load_config
+
+INTERNAL_TOKEN_ENV = "TRIAGE_INTERNAL_TOKEN"
 
 
 def _summary(config: Config) -> str:
@@ -111,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(
             config, access_log=dataclasses.replace(config.access_log, enabled=True))
     try:
-        run(config, host, port, args.config, reuse_port=args.reuse_port)
+        # Workers of one supervisor share the token their own calls (batch lines,
+        # background responses) authenticate with: a line may land on any of them.
+        run(config, host, port, args.config, reuse_port=args.reuse_port,
+            internal_token=os.environ.get(INTERNAL_TOKEN_ENV) if args.reuse_port else None)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -133,7 +139,7 @@ def _workers(args: argparse.Namespace, config: Config, host: str, port: int) -> 
     if args.access_log:
         child.append("--access-log")
     try:
-        return supervise(args.workers, host, port, child)
+        return supervise(args.workers, host, port, child, INTERNAL_TOKEN_ENV)
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

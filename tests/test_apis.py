@@ -164,7 +164,7 @@ async def test_a_responses_stream_cut_before_its_last_event_ends_with_an_error(
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"model": "m", "input": "x", "background": True}, "background"),
+    ({"model": "m", "input": "x", "background": True, "stream": True}, "stream"),
     ({"model": "m", "input": 7}, "input"),
     ({"model": "m", "input": "x", "instructions": ["a"]}, "instructions"),
     ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),

@@ -3,9 +3,11 @@
 - ``proxy.core`` is pure: nothing of asyncio, aiohttp or redis, nothing from the drivers
   or the config reader, directly or through a dependency.
 - ``proxy.config`` reads YAML into ``core``'s value types: it imports ``core`` only.
-- ``proxy.state`` (what replicas share: memory or Redis) imports ``core`` and ``config``.
+- ``proxy.state`` (what replicas share: memory or Redis) and ``proxy.store`` (the durable
+  SQLite store of work that can wait) import ``core`` and ``config``.
 - The drivers (``proxy.http``, and ``proxy.sim`` on a virtual clock, itself free of I/O
-  libraries) import ``core`` and ``config`` (``http`` also ``state``), never each other.
+  libraries) import ``core`` and ``config`` (``http`` also ``state`` and ``store``), never
+  each other.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ ALLOWED = {
     "core": {"core"},
     "config": {"core", "config"},
     "state": {"core", "config", "state"},
-    "http": {"core", "config", "state", "http"},
+    "store": {"core", "config", "store"},
+    "http": {"core", "config", "state", "store", "http"},
     "sim": {"core", "config", "sim"},
 }
 

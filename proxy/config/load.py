@@ -28,6 +28,7 @@ from ..core.retry import RetrySettings
 from ..core.route import ModelRoute
 from ..core.scheduler import SchedulerSettings, TierSpec
 from ..core.schedules import Schedule
+from .batch import BatchSettings, StorageSettings, parse_batch, parse_storage
 from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
 from .reader import ConfigError, Node, fail, shown
@@ -83,6 +84,8 @@ class Config:
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     drain_timeout_s: float = 30.0  # SIGTERM: how long calls in flight may finish
     state: StateSettings = field(default_factory=StateSettings)
+    batch: BatchSettings = field(default_factory=lambda: BatchSettings(tier="low"))
+    storage: StorageSettings = field(default_factory=StorageSettings)
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -134,7 +137,11 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     version = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return dataclasses.replace(config, version=version)
+    storage = config.storage
+    if storage.path != ":memory:" and not Path(storage.path).is_absolute():
+        # A relative storage.path is the config file's neighbour, not the working dir's.
+        storage = dataclasses.replace(storage, path=str(Path(path).parent / storage.path))
+    return dataclasses.replace(config, version=version, storage=storage)
 
 
 def parse_config(data: object, env: Mapping[str, str]) -> Config:
@@ -198,6 +205,8 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     )
     estimate_node.check_unknown()
     state = parse_state(root.node("state"))
+    batch = parse_batch(root.node("batch"), names)
+    storage = parse_storage(root.node("storage"))
     root.check_unknown()
     for message in warnings:
         log.warning("%s", message)
@@ -207,7 +216,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
         admin_sha256=admin_sha256, access_log=access_log, drain_timeout_s=drain_timeout_s,
-        state=state,
+        state=state, batch=batch, storage=storage,
     )
 
 

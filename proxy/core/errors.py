@@ -11,6 +11,8 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ├── AdminLoopbackOnly     403 admin_loopback_only (/admin/* from afar, no admin.key)
     ├── InvalidConfig         400 invalid_config (a reload found the file invalid)
     ├── ModelNotFound         404 model_not_found
+    ├── NotFound              404 not_found (a file, batch or response: none of the key's)
+    ├── StorageFull           507 storage_full (storage.max_bytes reached)
     ├── RequestTooLarge       413 request_too_large
     ├── RateLimited           429 rate_limit_exceeded
     ├── BudgetExceeded        429 budget_exceeded (the key's budget_usd is spent)
@@ -116,6 +118,20 @@ class ModelNotFound(ProxyError):
     retryable = False
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class NotFound(ProxyError):
+    status = 404
+    retryable = False
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class StorageFull(ProxyError):
+    status = 507
+    retryable = False
+    type = "server_error"
+    code = "storage_full"
 
 
 class RequestTooLarge(ProxyError):

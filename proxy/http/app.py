@@ -15,7 +15,7 @@ from ..config import Config, Provider
 from ..core.clock import Clock, SystemClock
 from ..core.errors import ModelNotFound
 from ..core.tokens import TokenCounter
-from . import admin, forward
+from . import admin, batches, forward
 from .access import AccessLog
 from .drain import Lifecycle
 from .janitor import sweeping
@@ -23,8 +23,9 @@ from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .reload import Reloader
 from .service import Service
 from .simulated import SimulatedUpstream
-from .state import ACCESS_LOG, LIFECYCLE, RELOADER, SERVICE
+from .state import ACCESS_LOG, LIFECYCLE, RELOADER, SERVICE, WORK
 from .upstream import HttpUpstream, Upstream
+from .work import Work
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,12 @@ def build_app(
     upstream_factory: UpstreamFactory = default_upstream,
     access_stream: IO[str] | None = None,
     config_path: str | Path | None = None,
+    internal_token: str | None = None,
 ) -> web.Application:
     """``access_stream``: where the access log goes when the config turns it on (stdout);
-    ``config_path``: the file a reload reads again."""
+    ``config_path``: the file a reload reads again; ``internal_token``: what the proxy's
+    own calls authenticate with (the same for every worker of ``serve --workers``). Work
+    that can wait runs once ``app[WORK].start(url)`` says where the proxy listens."""
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=config.limits.max_body_bytes
     )
@@ -74,12 +78,15 @@ def build_app(
             }
             service = Service(config, upstreams, clock or SystemClock(),
                               counter or TokenCounter.load(),
-                              make_upstream=lambda p: upstream_factory(p, session))
+                              make_upstream=lambda p: upstream_factory(p, session),
+                              internal_token=internal_token)
             app[SERVICE] = service
+            app[WORK] = Work(config, service.clock, service.internal_token)
             await service.start()
             service.apply_schedule()
             yield
             app[LIFECYCLE].draining = True
+            await app[WORK].close()
             await service.close()
 
     async def drain(app: web.Application) -> None:
@@ -103,6 +110,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    batches.add_routes(app)
     admin.add_routes(app)
     return app
 

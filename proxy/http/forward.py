@@ -9,6 +9,7 @@ this module only does the I/O and reports what happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import orjson
@@ -35,6 +36,7 @@ from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from ..state.base import Lease
 from .accounting import record_usage
+from .batches import create_background
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
@@ -68,6 +70,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
+    raw = await request.read()
+    if b'"background"' in raw:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            body = orjson.loads(raw)
+            if isinstance(body, dict) and body.get("background") is True:
+                return await create_background(request, body)
     return await forward(request, "/responses", "responses")
 
 

@@ -14,7 +14,7 @@ from ..config import Config
 from ..core.errors import InvalidConfig
 from .app import build_app
 from .edge import is_loopback
-from .state import LIFECYCLE, RELOADER, SERVICE
+from .state import LIFECYCLE, RELOADER, SERVICE, WORK
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ async def reload_on_signal(app: web.Application) -> None:
 
 
 async def serve(config: Config, host: str, port: int, config_path: str | None = None,
-                reuse_port: bool = False) -> None:
-    app = build_app(config, config_path=config_path)
+                reuse_port: bool = False, internal_token: str | None = None) -> None:
+    app = build_app(config, config_path=config_path, internal_token=internal_token)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
     # the proxy's own (one line per call, however it ends), not aiohttp's.
@@ -69,6 +69,10 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     # Announced only once every signal has its handler: a signal sent on seeing this line
     # must not meet the default action (which ends the process).
     bound = runner.addresses[0] if runner.addresses else (host, port)
+    # Work that can wait calls this proxy back, on loopback when it listens everywhere.
+    local = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else (
+        f"[{host}]" if ":" in host else host)
+    await app[WORK].start(f"http://{local}:{bound[1]}")
     print(f"listening on http://{host}:{bound[1]}", flush=True)
     try:
         await stop.wait()
@@ -88,10 +92,10 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
 
 
 def run(config: Config, host: str, port: int, config_path: str | None = None,
-        reuse_port: bool = False) -> None:
+        reuse_port: bool = False, internal_token: str | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config, host, port, config_path, reuse_port))
+        asyncio.run(serve(config, host, port, config_path, reuse_port, internal_token))
     else:
-        uvloop.run(serve(config, host, port, config_path, reuse_port))
+        uvloop.run(serve(config, host, port, config_path, reuse_port, internal_token))

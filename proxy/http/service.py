@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import functools
 import random
+import secrets
 import zoneinfo
 from collections.abc import Callable, Mapping
 
@@ -44,6 +45,7 @@ class Service:
         rng: random.Random | None = None,
         make_upstream: Callable[[Provider], Upstream] | None = None,
         shared: State | None = None,
+        internal_token: str | None = None,
     ) -> None:
         """``make_upstream``: builds the upstream of a provider a reload adds or changes;
         ``shared``: what replicas share (default: what ``config.state`` names; started by
@@ -58,7 +60,9 @@ class Service:
         self.live = LiveStats()
         self.loaded_at = clock.wall()
         self.last_error: str | None = None
-        self.auth = Authenticator(config.keys, config.auth_required)
+        # What the proxy's own calls (batch lines, background responses) authenticate with.
+        self.internal_token = internal_token or secrets.token_urlsafe(32)
+        self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets = Budgets(budgets_of(config), config.timezone)
         self.cache = ResponseCache(clock)
         self.cache.configure(config.models)
@@ -159,7 +163,7 @@ class Service:
             models=config.models, principals=[k.principal for k in config.keys],
             retry=config.retry, estimate=config.estimate, now=now)
         self.config = config
-        self.auth = Authenticator(config.keys, config.auth_required)
+        self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None

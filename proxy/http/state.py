@@ -8,8 +8,10 @@ from .access import AccessLog, CallRecord
 from .drain import Lifecycle
 from .reload import Reloader
 from .service import Service
+from .work import Work
 
 SERVICE = web.AppKey("service", Service)
+WORK = web.AppKey("work", Work)  # batches and background responses
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 RELOADER = web.AppKey("reloader", Reloader)
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,21 +42,25 @@ def _death_signal() -> Callable[[], None] | None:
     return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def supervise(workers: int, host: str, port: int, child_args: Sequence[str]) -> int:
+def supervise(workers: int, host: str, port: int, child_args: Sequence[str],
+              token_env: str) -> int:
     """Run ``workers`` copies of ``serve`` (``child_args`` plus the port) until told to
-    stop; the exit status is the first non-zero one of a stopping worker, else 0."""
+    stop; the exit status is the first non-zero one of a stopping worker, else 0. Each gets
+    the same internal token in ``token_env``."""
     held = reserve_port(host, port)
     port = held.getsockname()[1]
     command = [sys.executable, "-m", "proxy", "serve", *child_args, "--host", host,
                "--port", str(port), "--reuse-port"]
     on_fork = _death_signal()
+    token = secrets.token_urlsafe(32)
     stopping = False
     children: dict[int, subprocess.Popen[bytes]] = {}
 
     def start() -> None:
         # Its own session: a terminal's Ctrl-C reaches the workers once, through this
         # process (twice would cut their drain short).
-        child = subprocess.Popen(command, start_new_session=True, preexec_fn=on_fork)
+        child = subprocess.Popen(command, start_new_session=True, preexec_fn=on_fork,
+                                 env={**os.environ, token_env: token})
         children[child.pid] = child
 
     def forward(signum: int, _frame: object) -> None:

@@ -1,0 +1,326 @@
+"""Work that can wait, run by the proxy itself in the capacity urgent work leaves idle.
+
+Each batch line and each background response is a call of the batch tier sent through
+this very proxy (over loopback, on behalf of the key that owns it, with the process's
+internal token): the same classification, routing, limits, breakers, metrics and access
+log as any call, and only the capacity more urgent tiers leave. At most ``max_in_flight``
+lines of a batch are calls at once; the rest wait in the store, so a million-line file
+costs the memory of its window. A call the proxy itself turns away (429, 5xx: the queue
+was long, every provider down) is tried again after a backoff until the batch's window
+ends; an answer (2xx, or the upstream's 4xx) is recorded once.
+
+Everything is in the store first: a process that stops (SIGTERM, SIGKILL) leaves its
+running lines marked running, and the next start runs them again (a line in flight when
+the process died is sent again, never lost, and answered once in the output file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from ..config import Config
+from ..core.batchdoc import error_line, output_line, request_counts, response_doc
+from ..core.clock import Clock
+from ..core.errors import StorageFull
+from ..core.retry import parse_retry_after
+from ..store.sqlite import Store
+from .auth import ON_BEHALF
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 60.0
+RESPONSE_WINDOW_S = 24 * 3600  # a background response is tried again for at most this
+RETENTION_EVERY_S = 3600.0
+FINISHED_LINE = ("done", "failed", "expired", "cancelled")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+class Work:
+    def __init__(self, config: Config, clock: Clock, token: str) -> None:
+        self.config = config
+        self.clock = clock
+        self._token = token
+        self._store: Store | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
+        self._stopping: set[str] = set()  # batches being cancelled
+        self._session: aiohttp.ClientSession | None = None
+        self._janitor: asyncio.Task[None] | None = None
+        self.base_url: str | None = None  # where this proxy listens (set once it does)
+        self.lines_answered = 0
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def opened(self) -> bool:
+        return self._store is not None
+
+    def exists(self) -> bool:
+        """The store's file is there (from this process or an earlier one)."""
+        path = self.config.storage.path
+        return path != ":memory:" and Path(path).exists()
+
+    def store(self) -> Store:
+        """The store, opened on first use (a proxy that never gets such work writes no
+        file)."""
+        if self._store is None:
+            self._store = Store(self.config.storage.path)
+            self._janitor = asyncio.ensure_future(self._forget_old())
+        return self._store
+
+    async def start(self, base_url: str) -> None:
+        """Listening at ``base_url``: resume what a previous process left (if its file is
+        there)."""
+        self.base_url = base_url.rstrip("/")
+        path = self.config.storage.path
+        if path == ":memory:" or not Path(path).exists():
+            return
+        store = self.store()
+        again = store.recover()
+        if again:
+            log.warning("work that can wait: %d lines were running when the last process "
+                        "stopped; they run again", again)
+        for batch_id in store.batches_with_status(("in_progress", "cancelling")):
+            self.run_batch(batch_id)
+        for response_id in store.responses_with_status(("queued", "in_progress")):
+            self.run_response(response_id)
+
+    async def close(self) -> None:
+        """Stop running (what was running stays marked so, and runs again at the next
+        start)."""
+        tasks = [*self._tasks.values(), *([self._janitor] if self._janitor else [])]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        if self._session is not None:
+            await self._session.close()
+        if self._store is not None:
+            self._store.close()
+
+    def check_room(self, incoming: int) -> None:
+        limit = self.config.storage.max_bytes
+        if self.store().size_bytes() + incoming > limit:
+            raise StorageFull(f"The proxy's storage is full ({limit} bytes); delete files or "
+                              "wait for finished work to expire.")
+
+    def status(self) -> dict[str, object]:
+        storage = self.config.storage
+        shown: dict[str, object] = {"path": storage.path, "max_bytes": storage.max_bytes,
+                                    "bytes": 0, "running": len(self._tasks)}
+        if self._store is not None:
+            shown["bytes"] = self._store.size_bytes()
+        return shown
+
+    async def _forget_old(self) -> None:
+        while True:
+            cutoff = self.clock.wall() - self.config.batch.retention_days * 86400
+            gone = self.store().forget_before(int(cutoff))
+            if gone:
+                log.info("work that can wait: %d rows past retention deleted", gone)
+            await asyncio.sleep(RETENTION_EVERY_S)
+
+    # --- one call through this proxy ----------------------------------------------------
+
+    async def _call(self, owner: str, path: str, body: bytes,
+                    request_id: str) -> tuple[int, bytes, float | None]:
+        """(status, body, retry-after seconds) of ``path`` called through this proxy."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None))
+        if self.base_url is None:
+            raise aiohttp.ClientConnectionError("the proxy is not listening yet")
+        headers = {"Authorization": f"Bearer {self._token}", ON_BEHALF: owner,
+                   "X-Priority": self._tier(), "content-type": "application/json",
+                   "x-request-id": request_id}
+        async with self._session.post(self.base_url + path, data=body,
+                                      headers=headers) as response:
+            return (response.status, await response.read(),
+                    parse_retry_after(response.headers))
+
+    def _tier(self) -> str:
+        names = self.config.tier_names
+        tier = self.config.batch.tier
+        return tier if tier in names else names[-1]
+
+    async def _answer(self, owner: str, path: str, body: bytes, request_id: str,
+                      until: float) -> tuple[int, bytes] | None:
+        """The call's answer, trying again while the proxy turns it away; None if
+        ``until`` (epoch seconds) comes first."""
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                status, data, retry_after = await self._call(owner, path, body, request_id)
+            except (aiohttp.ClientError, OSError):
+                status, data, retry_after = 0, b"", None
+            if status and status not in RETRY_STATUSES:
+                return status, data
+            wait = min(max(retry_after or delay, RETRY_MIN_S), RETRY_MAX_S)
+            if self.clock.wall() + wait >= until:
+                return None
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    # --- batches ------------------------------------------------------------------------
+
+    def run_batch(self, batch_id: str) -> None:
+        if batch_id not in self._tasks:
+            task = self._tasks[batch_id] = asyncio.ensure_future(self._run_batch(batch_id))
+            task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
+
+    def cancel_batch(self, batch_id: str) -> None:
+        self._stopping.add(batch_id)
+        task = self._tasks.get(batch_id)
+        if task is None:
+            self.run_batch(batch_id)  # nothing running it: finish the cancellation now
+
+    async def _run_batch(self, batch_id: str) -> None:
+        store = self.store()
+        found = store.batch(batch_id)
+        if found is None:
+            return
+        status, text, owner = found
+        doc: dict[str, Any] = orjson.loads(text)
+        expires_at = float(doc["expires_at"])
+        running: dict[asyncio.Task[None], int] = {}
+        outcome = "completed"
+        try:
+            while True:
+                if status == "cancelling" or batch_id in self._stopping:
+                    outcome = "cancelled"
+                    break
+                if self.clock.wall() >= expires_at:
+                    outcome = "expired"
+                    break
+                room = self.config.batch.max_in_flight - len(running)
+                for index, custom_id, body in store.take_lines(batch_id, room) if room else ():
+                    task = asyncio.ensure_future(self._line(
+                        batch_id, owner, doc["endpoint"], index, custom_id, body, expires_at))
+                    running[task] = index
+                if not running:
+                    break
+                timeout = min(max(expires_at - self.clock.wall(), 0.05), 60.0)
+                done, _ = await asyncio.wait(running, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    running.pop(task)
+                    if not task.cancelled() and task.exception() is not None:
+                        log.error("batch %s: a line failed unexpectedly", batch_id,
+                                  exc_info=task.exception())
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+        self._finalize(batch_id, doc, outcome)
+        self._stopping.discard(batch_id)
+
+    async def _line(self, batch_id: str, owner: str, endpoint: str, index: int,
+                    custom_id: str, body: bytes, until: float) -> None:
+        line_id = new_id("batch_req_")
+        answer = await self._answer(owner, endpoint, body, line_id, until)
+        if answer is None:
+            return  # the window ended first: the batch ends it as expired
+        status, data = answer
+        try:
+            parsed: object = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            parsed = data.decode("utf-8", "replace")
+        result = output_line(line_id, custom_id, status, line_id, parsed)
+        if self.store().finish_line(batch_id, index, "done" if status < 300 else "failed",
+                                    result):
+            self.lines_answered += 1
+
+    def _finalize(self, batch_id: str, doc: dict[str, Any], outcome: str) -> None:
+        store = self.store()
+        now = int(self.clock.wall())
+        if outcome != "completed":
+            code, message = ("batch_expired", "The line did not run before the batch's "
+                             "completion window ended.") if outcome == "expired" else (
+                             "batch_cancelled", "The batch was cancelled before the line ran.")
+            store.end_lines(batch_id, outcome,
+                            lambda cid: error_line(new_id("batch_req_"), cid, code, message))
+        doc["finalizing_at"] = doc["finalizing_at"] or now
+        owner = store.batch(batch_id)
+        assert owner is not None
+        for field, statuses, suffix in (("output_file_id", ("done",), "output"),
+                                        ("error_file_id", FINISHED_LINE[1:], "error")):
+            results = store.results(batch_id, statuses)
+            if results and doc[field] is None:
+                file_id = new_id("file-")
+                store.add_file({"id": file_id, "owner": owner[2], "purpose": "batch_output",
+                                "filename": f"{batch_id}_{suffix}.jsonl", "created_at": now},
+                               b"\n".join(results) + b"\n")
+                doc[field] = file_id
+        doc["request_counts"] = request_counts(doc["request_counts"]["total"],
+                                               store.counts(batch_id))
+        doc["status"] = outcome
+        doc[f"{outcome}_at"] = now
+        store.save_batch(batch_id, outcome, orjson.dumps(doc).decode())
+
+    # --- background responses -----------------------------------------------------------
+
+    def run_response(self, response_id: str) -> None:
+        if response_id not in self._tasks:
+            task = self._tasks[response_id] = asyncio.ensure_future(
+                self._run_response(response_id))
+            task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+
+    def cancel_response(self, response_id: str) -> None:
+        task = self._tasks.get(response_id)
+        if task is not None:
+            task.cancel()
+
+    async def _run_response(self, response_id: str) -> None:
+        store = self.store()
+        found = store.response_request(response_id)
+        if found is None:
+            return
+        owner, created, request = found
+        model = orjson.loads(request).get("model")
+
+        def doc(status: str, **extra: Any) -> bytes:
+            return orjson.dumps(response_doc(response_id, created, status, model, **extra))
+
+        live = ("queued", "in_progress")
+        if not store.set_response(response_id, "in_progress", doc("in_progress"),
+                                  only_if=live):
+            return
+        answer = await self._answer(owner, "/v1/responses", request, response_id,
+                                    created + RESPONSE_WINDOW_S)
+        if answer is None:
+            store.set_response(response_id, "failed", doc("failed", error={
+                "code": "expired", "message": "No provider answered within 24 hours."}),
+                only_if=live)
+            return
+        status, data = answer
+        parsed: Any = None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(data)
+        if status < 300 and isinstance(parsed, dict):
+            store.set_response(response_id, "completed", doc(
+                str(parsed.get("status") or "completed"), answer=parsed), only_if=live)
+            return
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        if not isinstance(error, dict):
+            error = {"code": "upstream_error", "message": f"status {status}"}
+        store.set_response(response_id, "failed", doc("failed", error={
+            "code": str(error.get("code") or "upstream_error"),
+            "message": str(error.get("message") or "")}), only_if=live)
+
+
+WorkFactory = Callable[[Config, Clock, str], Work]

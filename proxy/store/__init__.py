@@ -1,0 +1,2 @@
+"""Durable storage for work that can wait: files, batches, their lines, background
+responses (SQLite, the embedded default)."""

@@ -1,0 +1,239 @@
+"""The embedded store: one SQLite file (WAL) holding uploaded files, batches, their lines
+with each line's result, and background responses.
+
+A line moves pending → running → done | failed (or expired / cancelled); its result is
+written only while it is running, so it is answered exactly once. A process that dies
+leaves lines running: ``recover`` sends them back to pending (they run again).
+Small statements run on the event loop (sub-millisecond in WAL mode); a new batch's insert
+of up to ``max_lines`` rows runs in a worker thread on a connection of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
+    status TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner, created_at);
+CREATE TABLE IF NOT EXISTS lines (
+    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
+    body BLOB, status TEXT NOT NULL, result BLOB, PRIMARY KEY (batch_id, idx));
+CREATE INDEX IF NOT EXISTS lines_by_status ON lines (batch_id, status, idx);
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
+    status TEXT NOT NULL, request BLOB NOT NULL, result BLOB);
+"""
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                             timeout=30.0)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        return db
+
+    def close(self) -> None:
+        self._db.close()
+
+    def size_bytes(self) -> int:
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        return int(pages * size)
+
+    # --- files ---------------------------------------------------------------------------
+
+    def add_file(self, row: dict[str, Any], content: bytes) -> None:
+        self._db.execute(
+            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row["id"], row["owner"], row["purpose"], row["filename"], len(content),
+             row["created_at"], content))
+
+    def file(self, file_id: str, owner: str) -> dict[str, Any] | None:
+        found = self._db.execute(
+            "SELECT id, purpose, filename, bytes, created_at FROM files "
+            "WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+        if found is None:
+            return None
+        keys = ("id", "purpose", "filename", "bytes", "created_at")
+        return dict(zip(keys, found, strict=True))
+
+    def file_content(self, file_id: str, owner: str) -> bytes | None:
+        found = self._db.execute("SELECT content FROM files WHERE id = ? AND owner = ?",
+                                 (file_id, owner)).fetchone()
+        return None if found is None else bytes(found[0])
+
+    def delete_file(self, file_id: str, owner: str) -> bool:
+        return self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?",
+                                (file_id, owner)).rowcount > 0
+
+    # --- batches ------------------------------------------------------------------------
+
+    def add_batch(self, batch_id: str, owner: str, created_at: int, status: str, doc: str,
+                  lines: Iterable[tuple[int, str, bytes | None, str, bytes | None]]) -> None:
+        """The batch and its lines (index, custom_id, body, status, result), in one
+        transaction: a batch is there with all its lines, or not at all. Runs in a worker
+        thread, on a connection of its own (the loop's keeps reading meanwhile)."""
+        own = self.path != ":memory:"  # a second connection to :memory: is another database
+        with contextlib.closing(self._connect()) if own else contextlib.nullcontext(
+                self._db) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                           (batch_id, owner, created_at, status, doc))
+                db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?)",
+                               ((batch_id, *line) for line in lines))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def batch(self, batch_id: str, owner: str | None = None) -> tuple[str, str, str] | None:
+        """(status, doc, owner) of a batch (of ``owner``'s, if given)."""
+        query = "SELECT status, doc, owner FROM batches WHERE id = ?"
+        args: tuple[str, ...] = (batch_id,)
+        if owner is not None:
+            query, args = query + " AND owner = ?", (batch_id, owner)
+        found = self._db.execute(query, args).fetchone()
+        return None if found is None else (found[0], found[1], found[2])
+
+    def batches(self, owner: str, after: str | None, limit: int) -> list[str]:
+        """Docs of ``owner``'s batches, newest first, after the batch ``after``."""
+        if after is None:
+            rows = self._db.execute(
+                "SELECT doc FROM batches WHERE owner = ? ORDER BY created_at DESC, id DESC "
+                "LIMIT ?", (owner, limit)).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT doc FROM batches WHERE owner = ? AND (created_at, id) < "
+                "(SELECT created_at, id FROM batches WHERE id = ?) "
+                "ORDER BY created_at DESC, id DESC LIMIT ?", (owner, after, limit)).fetchall()
+        return [row[0] for row in rows]
+
+    def batches_with_status(self, statuses: Sequence[str]) -> list[str]:
+        marks = ", ".join("?" for _ in statuses)
+        return [row[0] for row in self._db.execute(
+            f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY created_at",
+            tuple(statuses)).fetchall()]
+
+    def save_batch(self, batch_id: str, status: str, doc: str) -> None:
+        self._db.execute("UPDATE batches SET status = ?, doc = ? WHERE id = ?",
+                         (status, doc, batch_id))
+
+    # --- lines --------------------------------------------------------------------------
+
+    def take_lines(self, batch_id: str, limit: int) -> list[tuple[int, str, bytes]]:
+        """Up to ``limit`` pending lines, in order, now marked running."""
+        rows = self._db.execute(
+            "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? AND "
+            "status = 'pending' ORDER BY idx LIMIT ?", (batch_id, limit)).fetchall()
+        self._db.executemany(
+            "UPDATE lines SET status = 'running' WHERE batch_id = ? AND idx = ?",
+            ((batch_id, row[0]) for row in rows))
+        return [(row[0], row[1], bytes(row[2])) for row in rows]
+
+    def finish_line(self, batch_id: str, index: int, status: str, result: bytes) -> bool:
+        """Record a running line's result; False if it was not running (answered once)."""
+        return self._db.execute(
+            "UPDATE lines SET status = ?, result = ?, body = NULL WHERE batch_id = ? "
+            "AND idx = ? AND status = 'running'",
+            (status, result, batch_id, index)).rowcount > 0
+
+    def end_lines(self, batch_id: str, status: str,
+                  result_for: Callable[[str], bytes]) -> None:
+        """Every line not answered yet ends as ``status`` (expired, cancelled), its result
+        ``result_for(custom_id)``."""
+        rows = self._db.execute(
+            "SELECT idx, custom_id FROM lines WHERE batch_id = ? AND status IN "
+            "('pending', 'running')", (batch_id,)).fetchall()
+        self._db.executemany(
+            "UPDATE lines SET status = ?, result = ?, body = NULL WHERE batch_id = ? "
+            "AND idx = ?",
+            ((status, result_for(row[1]), batch_id, row[0]) for row in rows))
+
+    def counts(self, batch_id: str) -> dict[str, int]:
+        return {row[0]: row[1] for row in self._db.execute(
+            "SELECT status, COUNT(*) FROM lines WHERE batch_id = ? GROUP BY status",
+            (batch_id,)).fetchall()}
+
+    def results(self, batch_id: str, statuses: Sequence[str]) -> list[bytes]:
+        marks = ", ".join("?" for _ in statuses)
+        return [bytes(row[0]) for row in self._db.execute(
+            f"SELECT result FROM lines WHERE batch_id = ? AND status IN ({marks}) "
+            "AND result IS NOT NULL ORDER BY idx", (batch_id, *statuses)).fetchall()]
+
+    def recover(self) -> int:
+        """Lines left running by a process that died go back to pending."""
+        return self._db.execute(
+            "UPDATE lines SET status = 'pending' WHERE status = 'running'").rowcount
+
+    # --- background responses -----------------------------------------------------------
+
+    def add_response(self, response_id: str, owner: str, created_at: int,
+                     request: bytes, doc: bytes) -> None:
+        self._db.execute("INSERT INTO responses VALUES (?, ?, ?, 'queued', ?, ?)",
+                         (response_id, owner, created_at, request, doc))
+
+    def response(self, response_id: str, owner: str | None = None) -> tuple[str, bytes] | None:
+        query = "SELECT status, result FROM responses WHERE id = ?"
+        args: tuple[str, ...] = (response_id,)
+        if owner is not None:
+            query, args = query + " AND owner = ?", (response_id, owner)
+        found = self._db.execute(query, args).fetchone()
+        return None if found is None else (found[0], bytes(found[1]))
+
+    def response_request(self, response_id: str) -> tuple[str, int, bytes] | None:
+        """(owner, created_at, request body) of a background response."""
+        found = self._db.execute(
+            "SELECT owner, created_at, request FROM responses WHERE id = ?",
+            (response_id,)).fetchone()
+        return None if found is None else (found[0], found[1], bytes(found[2]))
+
+    def set_response(self, response_id: str, status: str, doc: bytes,
+                     only_if: Sequence[str] = ()) -> bool:
+        query = "UPDATE responses SET status = ?, result = ? WHERE id = ?"
+        args: tuple[Any, ...] = (status, doc, response_id)
+        if only_if:
+            query += f" AND status IN ({', '.join('?' for _ in only_if)})"
+            args += tuple(only_if)
+        return self._db.execute(query, args).rowcount > 0
+
+    def responses_with_status(self, statuses: Sequence[str]) -> list[str]:
+        marks = ", ".join("?" for _ in statuses)
+        return [row[0] for row in self._db.execute(
+            f"SELECT id FROM responses WHERE status IN ({marks}) ORDER BY created_at",
+            tuple(statuses)).fetchall()]
+
+    # --- retention ----------------------------------------------------------------------
+
+    def forget_before(self, created_at: int) -> int:
+        """Delete files, finished batches (and their lines) and finished responses created
+        before ``created_at``; returns how many rows went."""
+        done = "('completed', 'failed', 'expired', 'cancelled')"
+        db = self._db
+        gone = db.execute(
+            f"DELETE FROM lines WHERE batch_id IN (SELECT id FROM batches WHERE "
+            f"created_at < ? AND status IN {done})", (created_at,)).rowcount
+        gone += db.execute(f"DELETE FROM batches WHERE created_at < ? AND status IN {done}",
+                           (created_at,)).rowcount
+        gone += db.execute("DELETE FROM files WHERE created_at < ?", (created_at,)).rowcount
+        gone += db.execute(
+            f"DELETE FROM responses WHERE created_at < ? AND status IN {done}",
+            (created_at,)).rowcount
+        return gone

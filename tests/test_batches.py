@@ -1,0 +1,357 @@
+"""The Batch API and background responses end to end with the official SDK: files,
+batches, polling, output/error files with every custom_id once, malformed lines,
+ownership, cancel, expiry on a fake clock, and the store surviving a new process."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from proxy.core.batchfile import read_lines
+from proxy.core.clock import Clock
+from proxy.core.tokens import TokenCounter
+from proxy.http.app import build_app
+from proxy.http.state import SERVICE, WORK
+
+from .conftest import config_from
+from .fakes import FakeUpstream
+from .serving import serving
+
+Factory = Callable[..., Awaitable[Any]]
+KEYS = {"keys": [{"name": "team", "key": "team-key", "tier": "normal"},
+                 {"name": "other", "key": "other-key", "tier": "normal"}]}
+
+
+class FakeClock(Clock):
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self._real = asyncio.get_running_loop()
+
+    def now(self) -> float:
+        return self._real.time() + self.offset
+
+    def wall(self) -> float:
+        return 1_800_000_000.0 + self._real.time() + self.offset
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
+
+
+def chat_line(custom_id: str, text: str = "hi") -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": text}]}}
+
+
+class Proxy:
+    def __init__(self, server: TestServer, upstream: FakeUpstream) -> None:
+        self.server = server
+        self.upstream = upstream
+        self.url = str(server.make_url("/v1"))
+
+    def sdk(self, key: str = "team-key") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url, api_key=key, max_retries=0)
+
+    @property
+    def work(self) -> Any:
+        return self.server.app[WORK]
+
+
+@pytest.fixture
+async def start(aiohttp_server: Factory, counter: TokenCounter,
+                tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
+    async def make(upstream: FakeUpstream | None = None, clock: Clock | None = None,
+                   **batch: Any) -> Proxy:
+        upstream = upstream or FakeUpstream()
+        server = await aiohttp_server(upstream.app())
+        config = config_from(
+            [{"name": "up", "base_url": str(server.make_url("/v1")), "api_key": "k",
+              "max_concurrency": 4}],
+            {"m": [{"provider": "up", "model": "x"}]},
+            classify=KEYS, batch={"max_in_flight": 3, **batch},
+            storage={"path": str(tmp_path / "work.db")})
+        proxy = await aiohttp_server(build_app(config, counter=counter, clock=clock))
+        await proxy.app[WORK].start(str(proxy.make_url("")))
+        return Proxy(proxy, upstream)
+
+    yield make
+
+
+async def finished(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 20) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            batch = await client.batches.retrieve(batch_id)
+            if batch.status in ("completed", "failed", "expired", "cancelled"):
+                return batch
+            await asyncio.sleep(0.05)
+
+
+def by_custom_id(content: bytes) -> dict[str, dict[str, Any]]:
+    rows = [orjson.loads(line) for line in content.splitlines() if line.strip()]
+    ids = [row["custom_id"] for row in rows]
+    assert len(ids) == len(set(ids)), "a custom_id answered twice"
+    return {row["custom_id"]: row for row in rows}
+
+
+async def test_a_batch_through_the_sdk_answers_every_line_once(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    lines = [chat_line(f"req-{i}", f"question {i}") for i in range(20)]
+    uploaded = await client.files.create(file=("batch.jsonl", io.BytesIO(jsonl(lines))),
+                                         purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes > 0
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions",
+                                        completion_window="24h", metadata={"job": "nightly"})
+    assert batch.status == "in_progress" and batch.request_counts.total == 20
+    done = await finished(client, batch.id)
+    assert done.status == "completed" and done.error_file_id is None
+    assert done.request_counts.completed == 20 and done.request_counts.failed == 0
+    assert done.metadata == {"job": "nightly"}
+    output = by_custom_id((await client.files.content(done.output_file_id)).content)
+    assert set(output) == {f"req-{i}" for i in range(20)}
+    row = output["req-7"]
+    assert row["response"]["status_code"] == 200
+    assert row["response"]["body"]["choices"][0]["message"]["content"] == "Hello there!"
+    assert proxy.upstream.peak <= 3  # max_in_flight lines at once
+    listed = await client.batches.list(limit=10)
+    assert [b.id for b in listed.data] == [batch.id]
+    assert (await client.files.retrieve(uploaded.id)).id == uploaded.id
+    assert (await client.files.delete(uploaded.id)).deleted
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(uploaded.id)
+
+
+async def test_lines_run_in_the_batch_tier_as_the_owner(start: Any) -> None:
+    proxy = await start(tier="low")
+    client = proxy.sdk()
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))),
+                                         purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    await finished(client, batch.id)
+    assert proxy.upstream.seen[-1].headers["X-Request-ID"].startswith("batch_req_")
+    metrics = proxy.server.app[SERVICE].metrics.render().decode()
+    assert 'proxy_requests_total{status="200",tier="low"} 1.0' in metrics
+    assert 'key="team",tier="low"' in metrics  # its cost is the owner's
+
+
+async def test_malformed_lines_go_to_the_error_file_and_the_rest_run(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    data = jsonl([chat_line("good-1"), {"custom_id": "no-body", "method": "POST",
+                                        "url": "/v1/chat/completions"},
+                  chat_line("good-1"),
+                  {**chat_line("wrong-url"), "url": "/v1/embeddings"}]) + b"not json\n"
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    done = await finished(client, batch.id)
+    assert done.request_counts.total == 5
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 4)
+    errors = (await client.files.content(done.error_file_id)).content.splitlines()
+    messages = [orjson.loads(line)["error"]["message"] for line in errors]
+    assert any("body" in m for m in messages) and any("earlier line" in m for m in messages)
+    assert any("endpoint" in m for m in messages) and any("JSON object" in m for m in messages)
+    assert set(by_custom_id((await client.files.content(done.output_file_id)).content)) == {
+        "good-1"}
+
+
+async def test_an_upstream_refusal_is_recorded_in_the_error_file(start: Any) -> None:
+    upstream = FakeUpstream(script=__import__("collections").deque(["400"]))
+    proxy = await start(upstream)
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line("bad"), chat_line("ok")]))),
+        purpose="batch", )
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    done = await finished(client, batch.id)
+    errors = by_custom_id((await client.files.content(done.error_file_id)).content)
+    assert errors["bad"]["response"]["status_code"] == 400
+    assert set(by_custom_id((await client.files.content(done.output_file_id)).content)) == {
+        "ok"}
+
+
+async def test_other_keys_cannot_see_files_or_batches(start: Any) -> None:
+    proxy = await start()
+    team, other = proxy.sdk(), proxy.sdk("other-key")
+    uploaded = await team.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))),
+                                       purpose="batch")
+    batch = await team.batches.create(input_file_id=uploaded.id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+    for call in (other.files.retrieve(uploaded.id), other.files.content(uploaded.id),
+                 other.batches.retrieve(batch.id), other.batches.cancel(batch.id)):
+        with pytest.raises(openai.NotFoundError):
+            await call
+    with pytest.raises(openai.BadRequestError):
+        await other.batches.create(input_file_id=uploaded.id,
+                                   endpoint="/v1/chat/completions", completion_window="24h")
+    assert (await other.batches.list()).data == []
+    with pytest.raises(openai.AuthenticationError):
+        await proxy.sdk("wrong").files.retrieve(uploaded.id)
+
+
+async def test_cancel_stops_the_batch_and_reports_the_lines_not_run(start: Any) -> None:
+    proxy = await start(FakeUpstream(hold_s=0.3))
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"c{i}") for i in range(30)]))),
+        purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    await asyncio.sleep(0.5)
+    cancelling = await client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = await finished(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    counts = done.request_counts
+    assert counts.completed + counts.failed == 30 and counts.failed > 0
+    rows = by_custom_id((await client.files.content(done.error_file_id)).content)
+    if done.output_file_id:
+        rows.update(by_custom_id((await client.files.content(done.output_file_id)).content))
+    assert set(rows) == {f"c{i}" for i in range(30)}  # every line answered, once
+    assert any(r["error"] and r["error"]["code"] == "batch_cancelled" for r in rows.values())
+
+
+async def test_lines_not_run_by_the_end_of_the_window_expire(start: Any) -> None:
+    clock = FakeClock()
+    proxy = await start(FakeUpstream(hold_s=0.2), clock=clock, max_in_flight=1)
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"e{i}") for i in range(10)]))),
+        purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="1h")
+    await asyncio.sleep(0.3)
+    clock.offset += 3600  # the window ends
+    done = await finished(client, batch.id)
+    assert done.status == "expired" and done.expired_at is not None
+    rows = by_custom_id((await client.files.content(done.error_file_id)).content)
+    assert any(r["error"]["code"] == "batch_expired" for r in rows.values())
+    assert done.request_counts.completed < 10
+
+
+async def test_bad_batch_requests_are_clear_400s(start: Any) -> None:
+    proxy = await start(max_lines=3)
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"x{i}") for i in range(5)]))),
+        purpose="batch")
+    for kwargs, words in ((dict(endpoint="/v1/images"), "endpoint"),
+                          (dict(completion_window="3d"), "completion_window"),
+                          (dict(input_file_id="file-nope"), "no such file"),
+                          ({}, "more than 3 lines")):
+        args = {"input_file_id": uploaded.id, "endpoint": "/v1/chat/completions",
+                "completion_window": "24h", **kwargs}
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.batches.create(**args)
+        assert words in str(info.value)
+    with pytest.raises(openai.BadRequestError):
+        await client.files.create(file=("b.jsonl", io.BytesIO(b"x")), purpose="assistants")
+
+
+async def test_a_file_past_the_size_limit_is_refused(start: Any) -> None:
+    proxy = await start(max_file_bytes=1000)
+    with pytest.raises(openai.APIStatusError) as info:
+        await proxy.sdk().files.create(file=("b.jsonl", io.BytesIO(b"x" * 5000)),
+                                       purpose="batch")
+    assert info.value.status_code == 413
+
+
+async def test_background_responses_answer_at_once_then_complete(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    queued = await client.responses.create(model="m", input="hello", background=True)
+    assert queued.status in ("queued", "in_progress") and queued.id.startswith("resp_")
+    async with asyncio.timeout(10):
+        while (got := await client.responses.retrieve(queued.id)).status != "completed":
+            await asyncio.sleep(0.05)
+    assert got.id == queued.id and got.output_text
+    with pytest.raises(openai.NotFoundError):
+        await proxy.sdk("other-key").responses.retrieve(queued.id)
+
+
+class SlowResponses(FakeUpstream):
+    """Its Responses API takes 30 s."""
+
+    async def shaped(self, request: web.Request) -> web.StreamResponse:
+        self.active += 1
+        try:
+            await asyncio.sleep(30)
+        finally:
+            self.active -= 1
+            self.cancelled += 1
+        return await super().shaped(request)
+
+
+async def test_a_background_response_can_be_cancelled(start: Any) -> None:
+    upstream = SlowResponses()
+    proxy = await start(upstream)
+    client = proxy.sdk()
+    queued = await client.responses.create(model="m", input="slow", background=True)
+    await asyncio.sleep(0.2)
+    cancelled = await client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert (await client.responses.retrieve(queued.id)).status == "cancelled"
+    async with asyncio.timeout(5):  # the call in flight is called off, upstream too
+        while upstream.active:
+            await asyncio.sleep(0.02)
+
+
+def test_read_lines_rules() -> None:
+    good, bad = read_lines(jsonl([chat_line("a"), {**chat_line("b"), "method": "GET"},
+                                  {**chat_line("c"), "body": {"model": "m", "stream": True}}]),
+                           "/v1/chat/completions", 10)
+    assert [line.custom_id for line in good] == ["a", "c"]
+    assert orjson.loads(good[1].body)["stream"] is False
+    assert bad[0].message == "method: must be POST"
+    for data, message in ((b"\xff", "not UTF-8"), (b"\n\n", "no lines")):
+        with pytest.raises(ValueError, match=message):
+            read_lines(data, "/v1/chat/completions", 10)
+
+
+async def test_a_batch_survives_sigkill_and_every_line_is_answered_once(
+        aiohttp_server: Factory, tmp_path: Path) -> None:
+    upstream = FakeUpstream(hold_s=0.03)
+    server = await aiohttp_server(upstream.app())
+    config = tmp_path / "routing.yaml"
+    config.write_text(f"""
+providers:
+  - {{name: up, base_url: "{server.make_url('/v1')}", api_key: k, max_concurrency: 4}}
+models:
+  m: [{{provider: up, model: x}}]
+batch: {{max_in_flight: 4}}
+storage: {{path: work.db}}
+""")
+    lines = [chat_line(f"k{i}") for i in range(200)]
+    async with serving(config) as (base, process):
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl(lines))),
+                                             purpose="batch")
+        batch = await client.batches.create(input_file_id=uploaded.id,
+                                            endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        async with asyncio.timeout(20):
+            while (await client.batches.retrieve(batch.id)).request_counts.completed < 40:
+                await asyncio.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    assert (tmp_path / "work.db").exists()  # next to the config, not in the working dir
+    async with serving(config) as (base, _):
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        done = await finished(client, batch.id, timeout=30)
+        assert done.status == "completed" and done.request_counts.completed == 200
+        output = by_custom_id((await client.files.content(done.output_file_id)).content)
+        assert set(output) == {f"k{i}" for i in range(200)}
+    assert len(upstream.seen) >= 200  # lines in flight at the kill were sent again
