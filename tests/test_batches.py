@@ -5,12 +5,15 @@ ownership, cancel, expiry on a fake clock, and the store surviving a new process
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import io
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -168,7 +171,7 @@ async def test_malformed_lines_go_to_the_error_file_and_the_rest_run(start: Any)
 
 
 async def test_an_upstream_refusal_is_recorded_in_the_error_file(start: Any) -> None:
-    upstream = FakeUpstream(script=__import__("collections").deque(["400"]))
+    upstream = FakeUpstream(script=collections.deque(["400"]))
     proxy = await start(upstream)
     client = proxy.sdk()
     uploaded = await client.files.create(
@@ -355,3 +358,55 @@ storage: {{path: work.db}}
         output = by_custom_id((await client.files.content(done.output_file_id)).content)
         assert set(output) == {f"k{i}" for i in range(200)}
     assert len(upstream.seen) >= 200  # lines in flight at the kill were sent again
+
+
+async def test_status_and_metrics_show_the_store_and_what_runs(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line("s1"), chat_line("s2")]))),
+        purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    await finished(client, batch.id)
+    status = await _get(proxy, "/admin/status")
+    work = status["work"]
+    assert work["bytes"] > 0 and work["batches"] == {"completed": 1}
+    assert work["lines"] == {"done": 2} and work["running"] == []
+    metrics = proxy.server.app[SERVICE].metrics.render().decode()
+    assert 'proxy_batch_lines_total{outcome="done"} 2.0' in metrics
+    assert "proxy_storage_bytes " in metrics
+
+
+async def _get(proxy: Proxy, path: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(
+            str(proxy.server.make_url(path))) as response:
+        return await response.json()
+
+
+async def test_past_storage_max_bytes_uploads_are_refused(start: Any) -> None:
+    proxy = await start()
+    proxy.work.config = dataclasses.replace(proxy.work.config, storage=dataclasses.replace(
+        proxy.work.config.storage, max_bytes=1024 * 1024))
+    client = proxy.sdk()
+    big = jsonl([chat_line(f"b{i}", "x" * 1000) for i in range(1100)])
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.files.create(file=("b.jsonl", io.BytesIO(big)), purpose="batch")
+    assert info.value.status_code == 507 and "storage" in str(info.value)
+
+
+async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("r")]))),
+                                         purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    done = await finished(client, batch.id)
+    store = proxy.work.store()
+    assert store.forget_before(done.created_at) == 0  # nothing older yet
+    assert store.forget_before(done.created_at + 10) >= 4  # batch, line, input and output
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(done.output_file_id)

@@ -17,7 +17,7 @@ from .auth import bearer
 from .dashboard import DASHBOARD_HTML
 from .edge import is_loopback, secret_digest
 from .service import Service
-from .state import LIFECYCLE, RELOADER, SERVICE
+from .state import LIFECYCLE, RELOADER, SERVICE, WORK
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,8 +52,8 @@ def admin(handler: Handler) -> Handler:
 
 @admin
 async def status(request: web.Request) -> web.StreamResponse:
-    return web.Response(body=orjson.dumps(request.app[SERVICE].status()),
-                        content_type="application/json")
+    shown = {**request.app[SERVICE].status(), "work": request.app[WORK].status()}
+    return web.Response(body=orjson.dumps(shown), content_type="application/json")
 
 
 async def dashboard(request: web.Request) -> web.StreamResponse:

@@ -81,7 +81,7 @@ def build_app(
                               make_upstream=lambda p: upstream_factory(p, session),
                               internal_token=internal_token)
             app[SERVICE] = service
-            app[WORK] = Work(config, service.clock, service.internal_token)
+            app[WORK] = Work(config, service.clock, service.internal_token, service.metrics)
             await service.start()
             service.apply_schedule()
             yield

@@ -140,5 +140,14 @@ class Metrics:
             registry=r,
         )
 
+        self.batch_lines = Family(Counter(
+            "proxy_batch_lines", "Batch lines answered, by outcome (done: 2xx; failed: the "
+            "upstream refused it).", ["outcome"], registry=r,
+        ))
+        self.storage_bytes = Gauge(
+            "proxy_storage_bytes", "Size of the store of work that can wait (storage.path).",
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,6 +34,7 @@ from ..core.errors import StorageFull
 from ..core.retry import parse_retry_after
 from ..store.sqlite import Store
 from .auth import ON_BEHALF
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,10 @@ def new_id(prefix: str) -> str:
 
 
 class Work:
-    def __init__(self, config: Config, clock: Clock, token: str) -> None:
+    def __init__(self, config: Config, clock: Clock, token: str,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
         self.clock = clock
         self._token = token
         self._store: Store | None = None
@@ -60,7 +63,7 @@ class Work:
         self._session: aiohttp.ClientSession | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.base_url: str | None = None  # where this proxy listens (set once it does)
-        self.lines_answered = 0
+        self.metrics.storage_bytes.set_function(self.size_bytes)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -117,12 +120,18 @@ class Work:
             raise StorageFull(f"The proxy's storage is full ({limit} bytes); delete files or "
                               "wait for finished work to expire.")
 
+    def size_bytes(self) -> int:
+        return 0 if self._store is None else self._store.size_bytes()
+
     def status(self) -> dict[str, object]:
+        """For ``/admin/status``: the store's size and what it holds, what runs now."""
         storage = self.config.storage
-        shown: dict[str, object] = {"path": storage.path, "max_bytes": storage.max_bytes,
-                                    "bytes": 0, "running": len(self._tasks)}
+        shown: dict[str, object] = {
+            "path": storage.path, "bytes": self.size_bytes(), "max_bytes": storage.max_bytes,
+            "running": sorted(self._tasks), "tier": self._tier(),
+            "max_in_flight": self.config.batch.max_in_flight}
         if self._store is not None:
-            shown["bytes"] = self._store.size_bytes()
+            shown.update(self._store.summary())
         return shown
 
     async def _forget_old(self) -> None:
@@ -241,9 +250,9 @@ class Work:
         except orjson.JSONDecodeError:
             parsed = data.decode("utf-8", "replace")
         result = output_line(line_id, custom_id, status, line_id, parsed)
-        if self.store().finish_line(batch_id, index, "done" if status < 300 else "failed",
-                                    result):
-            self.lines_answered += 1
+        outcome = "done" if status < 300 else "failed"
+        if self.store().finish_line(batch_id, index, outcome, result):
+            self.metrics.batch_lines.get(outcome).inc()
 
     def _finalize(self, batch_id: str, doc: dict[str, Any], outcome: str) -> None:
         store = self.store()

@@ -220,6 +220,12 @@ class Store:
             f"SELECT id FROM responses WHERE status IN ({marks}) ORDER BY created_at",
             tuple(statuses)).fetchall()]
 
+    def summary(self) -> dict[str, dict[str, int]]:
+        """How many batches, background responses and batch lines there are, by status."""
+        return {table: {row[0]: row[1] for row in self._db.execute(
+                    f"SELECT status, COUNT(*) FROM {table} GROUP BY status").fetchall()}
+                for table in ("batches", "responses", "lines")}
+
     # --- retention ----------------------------------------------------------------------
 
     def forget_before(self, created_at: int) -> int:
