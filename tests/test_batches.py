@@ -410,3 +410,20 @@ async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> Non
         await client.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
         await client.files.retrieve(done.output_file_id)
+
+
+async def test_the_dashboards_feed_lists_the_batches_running(start: Any) -> None:
+    proxy = await start(FakeUpstream(hold_s=0.2), max_in_flight=1)
+    client = proxy.sdk()
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"d{i}") for i in range(10)]))),
+        purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    history = await _get(proxy, "/admin/history")
+    [shown] = history["batches"]
+    assert (shown["id"], shown["owner"], shown["status"], shown["total"]) == (
+        batch.id, "team", "in_progress", 10)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+    assert (await _get(proxy, "/admin/history"))["batches"] == []

@@ -205,6 +205,8 @@ async def test_the_page_shows_what_the_proxy_did(
             "[...document.querySelectorAll('#rejections tr[data-code]')].map(r => r.dataset.code)")
         assert codes == ["invalid_api_key"] * 2
         assert await browser.evaluate("document.getElementById('refused').dataset.value") == "2"
+        assert await browser.evaluate(  # no batch runs: the table says so
+            "document.querySelector('#batches td.empty').textContent") == "none"
         # One line per tier in the depth and wait charts; the low tier queued behind the rest.
         series = await browser.evaluate(
             "[...document.querySelectorAll('#chart-p99 path')].map(p => p.dataset.series)")

@@ -18,6 +18,7 @@ from .dashboard import DASHBOARD_HTML
 from .edge import is_loopback, secret_digest
 from .service import Service
 from .state import LIFECYCLE, RELOADER, SERVICE, WORK
+from .work import Work
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -72,15 +73,16 @@ def throttles(service: Service) -> dict[str, int]:
     return counts
 
 
-def live_event(service: Service, now: float, after: int | None) -> dict[str, object]:
+def live_event(service: Service, work: Work, now: float,
+               after: int | None) -> dict[str, object]:
     """What the dashboard shows, all of it: ``/admin/status`` as it is now, the 429s, the
-    usage and the rejections, and the history's seconds after ``after`` (all of them when
-    ``after`` is None)."""
+    usage, the rejections, the batches running, and the history's seconds after ``after``
+    (all of them when ``after`` is None)."""
     live = service.live
     return {
         "t": math.floor(now), "window_s": live.window_s, "status": service.status(),
         "throttles": throttles(service), "points": live.points(now, after),
-        "usage": live.usage(), "rejections": live.rejections(),
+        "usage": live.usage(), "rejections": live.rejections(), "batches": work.running(),
     }
 
 
@@ -104,7 +106,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             except (InvalidAdminKey, AdminLoopbackOnly):
                 break
             now = service.clock.now()
-            event = live_event(service, now, after)
+            event = live_event(service, request.app[WORK], now, after)
             try:
                 await stream.send(orjson.dumps(event).decode(), event="snapshot")
             except (ConnectionError, TimeoutError):
@@ -117,8 +119,8 @@ async def events(request: web.Request) -> web.StreamResponse:
 @admin
 async def history(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    return web.Response(body=orjson.dumps(live_event(service, service.clock.now(), None)),
-                        content_type="application/json")
+    event = live_event(service, request.app[WORK], service.clock.now(), None)
+    return web.Response(body=orjson.dumps(event), content_type="application/json")
 
 
 def sample(service: Service) -> None:

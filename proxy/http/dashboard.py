@@ -92,6 +92,7 @@ th:first-child,td:first-child,th.text,td.text{text-align:left}
 <div class="grid">
 <div class="panel"><h2>Tokens and cost per key and tier</h2><table id="usage"></table></div>
 <div class="panel"><h2>Recent rejections</h2><table id="rejections"></table></div>
+<div class="panel"><h2>Batches running</h2><table id="batches"></table></div>
 </div>
 <script>
 """

@@ -227,6 +227,14 @@ function render(snap, first) {
       cell(r.key || "-", "key", null, "text"),
     ])), "none");
 
+  table("batches", ["batch", "key", "status", "done", "failed", "total", "window ends"],
+    (snap.batches || []).map((b) => row("data-batch", b.id, [
+      cell(b.id, "id", null, "text"), cell(b.owner, "owner", null, "text"),
+      cell(b.status, "status", null, "text"), cell(count(b.completed), "completed", b.completed),
+      cell(count(b.failed), "failed", b.failed), cell(count(b.total), "total", b.total),
+      cell(new Date(b.expires_at * 1000).toLocaleString(), "expires_at", b.expires_at),
+    ])), "none");
+
   const inflight = providers.reduce((s, n) => s + status.providers[n].inflight, 0);
   const limit = providers.reduce((s, n) => s + status.providers[n].limit, 0);
   const throttled = Object.values(snap.throttles).reduce((s, v) => s + v, 0);

@@ -123,6 +123,23 @@ class Work:
     def size_bytes(self) -> int:
         return 0 if self._store is None else self._store.size_bytes()
 
+    def running(self) -> list[dict[str, object]]:
+        """The batches in progress (or being cancelled), oldest first, with their counts."""
+        if self._store is None:
+            return []
+        shown = []
+        for batch_id in self._store.batches_with_status(("in_progress", "cancelling")):
+            found = self._store.batch(batch_id)
+            if found is None:
+                continue
+            doc = orjson.loads(found[1])
+            counts = request_counts(doc["request_counts"]["total"],
+                                    self._store.counts(batch_id))
+            shown.append({"id": batch_id, "owner": found[2], "status": found[0],
+                          "endpoint": doc["endpoint"], "created_at": doc["created_at"],
+                          "expires_at": doc["expires_at"], **counts})
+        return shown
+
     def status(self) -> dict[str, object]:
         """For ``/admin/status``: the store's size and what it holds, what runs now."""
         storage = self.config.storage
