@@ -100,8 +100,8 @@ async def finished(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 2
 
 
 def by_custom_id(content: bytes) -> dict[str, dict[str, Any]]:
-    rows = [orjson.loads(line) for line in content.splitlines() if line.strip()]
-    ids = [row["custom_id"] for row in rows]
+    rows = [orjson.loads(line) for line in content.split(b"\n") if line.strip()]
+    ids = [row["custom_id"] for row in rows if row["custom_id"] is not None]
     assert len(ids) == len(set(ids)), "a custom_id answered twice"
     return {row["custom_id"]: row for row in rows}
 
@@ -319,9 +319,23 @@ def test_read_lines_rules() -> None:
     assert [line.custom_id for line in good] == ["a", "c"]
     assert orjson.loads(good[1].body)["stream"] is False
     assert bad[0].message == "method: must be POST"
-    for data, message in ((b"\xff", "not UTF-8"), (b"\n\n", "no lines")):
-        with pytest.raises(ValueError, match=message):
-            read_lines(data, "/v1/chat/completions", 10)
+    with pytest.raises(ValueError, match="no lines"):
+        read_lines(b"\n\n", "/v1/chat/completions", 10)
+    good, bad = read_lines(b"\xff\n" + orjson.dumps(chat_line("d", "a\u2028b")) + b"\n",
+                           "/v1/chat/completions", 10)
+    assert [line.custom_id for line in good] == ["d"]  # U+2028 is not a line break
+    assert bad[0].message == "not a JSON object (or not UTF-8)"
+
+
+def test_a_custom_id_is_answered_once_whatever_its_lines() -> None:
+    first_bad = {**chat_line("dup"), "method": "GET"}
+    good, bad = read_lines(jsonl([first_bad, chat_line("dup"), chat_line("dup")]),
+                           "/v1/chat/completions", 10)
+    assert good == [] and [b.custom_id for b in bad] == ["dup", None, None]
+    good, bad = read_lines(jsonl([{**chat_line("bg"), "body": {"model": "m",
+                                                              "background": True}}]),
+                           "/v1/chat/completions", 10)
+    assert bad[0].message.startswith("body.background")
 
 
 async def test_a_batch_survives_sigkill_and_every_line_is_answered_once(
@@ -427,3 +441,63 @@ async def test_the_dashboards_feed_lists_the_batches_running(start: Any) -> None
     await client.batches.cancel(batch.id)
     await finished(client, batch.id)
     assert (await _get(proxy, "/admin/history"))["batches"] == []
+
+
+async def test_a_line_turned_away_until_the_window_ends_is_answered_expired(
+        start: Any) -> None:
+    clock = FakeClock()
+    proxy = await start(FakeUpstream(default="500"), clock=clock)
+    client = proxy.sdk()
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("z")]))),
+                                         purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="1m")
+    clock.offset += 59.5  # the line's next try would come after the window
+    done = await finished(client, batch.id)
+    rows = by_custom_id((await client.files.content(done.error_file_id)).content)
+    assert set(rows) == {"z"} and rows["z"]["error"]["code"] == "batch_expired"
+    assert done.request_counts.failed == 1
+
+
+async def test_deleting_files_makes_room_again(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    data = jsonl([chat_line(f"f{i}", "x" * 1000) for i in range(500)])
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+    full = proxy.work.size_bytes()
+    await client.files.delete(uploaded.id)
+    assert proxy.work.size_bytes() < full - len(data) // 2
+    assert [f.id for f in (await client.files.list()).data] == []
+
+
+async def test_two_workers_on_one_store_run_each_batch_once(
+        aiohttp_server: Factory, counter: TokenCounter, tmp_path: Path) -> None:
+    upstream = FakeUpstream(hold_s=0.1)
+    up = await aiohttp_server(upstream.app())
+    config = config_from(
+        [{"name": "up", "base_url": str(up.make_url("/v1")), "api_key": "k",
+          "max_concurrency": 4}], {"m": [{"provider": "up", "model": "x"}]},
+        classify=KEYS, batch={"max_in_flight": 2}, storage={"path": str(tmp_path / "w.db")})
+    workers = []
+    for _ in range(2):
+        server = await aiohttp_server(build_app(config, counter=counter, internal_token="t"))
+        await server.app[WORK].start(str(server.make_url("")))
+        workers.append(server)
+    a, b = (openai.AsyncOpenAI(base_url=str(w.make_url("/v1")), api_key="team-key",
+                               max_retries=0) for w in workers)
+    uploaded = await a.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"w{i}") for i in range(40)]))),
+        purpose="batch")
+    batch = await b.batches.create(input_file_id=uploaded.id,  # the file is seen by both
+                                   endpoint="/v1/chat/completions", completion_window="24h")
+    await asyncio.sleep(1.5)
+    assert sorted(w.app[WORK].leading for w in workers) == [False, True]
+    cancelling = await b.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    done = await finished(a, batch.id)
+    assert done.status == "cancelled" and done.cancelling_at is not None
+    rows = by_custom_id((await a.files.content(done.error_file_id)).content)
+    if done.output_file_id:
+        rows.update(by_custom_id((await a.files.content(done.output_file_id)).content))
+    assert set(rows) == {f"w{i}" for i in range(40)}
+    assert len(upstream.seen) < 40  # cancelled before every line ran; none ran twice

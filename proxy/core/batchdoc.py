@@ -60,7 +60,7 @@ def output_line(line_id: str, custom_id: str, status: int, request_id: str,
                          "error": None})
 
 
-def error_line(line_id: str, custom_id: str, code: str, message: str) -> bytes:
+def error_line(line_id: str, custom_id: str | None, code: str, message: str) -> bytes:
     return orjson.dumps({"id": line_id, "custom_id": custom_id, "response": None,
                          "error": {"code": code, "message": message}})
 

@@ -115,7 +115,7 @@ def _responses(call: Call, counter: TokenCounter, exact: int) -> None:
         raise InvalidRequest("'previous_response_id' must be a response id.",
                              param="previous_response_id")
     if body.get("background"):
-        raise InvalidRequest("Background responses are not supported by this proxy yet.",
+        raise InvalidRequest("background: not allowed on a call the proxy makes itself.",
                              param="background")
     call.max_tokens = _positive_int(body, "max_output_tokens")
     call.previous_response_id = previous

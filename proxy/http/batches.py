@@ -51,6 +51,11 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 async def create_file(request: web.Request) -> web.Response:
     owner, work = _caller(request)
+    async with work.heavy:  # a few uploads at once, each up to max_file_bytes in memory
+        return await _upload(request, owner, work)
+
+
+async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
     limit = work.config.batch.max_file_bytes
     try:
         reader = await request.multipart()
@@ -96,9 +101,19 @@ async def get_file(request: web.Request) -> web.Response:
 
 async def file_content(request: web.Request) -> web.Response:
     owner, work, found = _file(request)
-    content = work.store().file_content(found["id"], owner)
-    assert content is not None
+    async with work.heavy:
+        content = await asyncio.to_thread(work.store().file_content, found["id"], owner)
+    if content is None:
+        raise NotFound("No such file.")
     return web.Response(body=content, content_type="application/octet-stream")
+
+
+async def list_files(request: web.Request) -> web.Response:
+    owner, work = _caller(request)
+    purpose = request.query.get("purpose")
+    rows = [row for row in work.store().files(owner) if purpose in (None, row["purpose"])]
+    return _json({"object": "list", "data": [file_doc(row) for row in rows],
+                  "has_more": False})
 
 
 async def delete_file(request: web.Request) -> web.Response:
@@ -127,27 +142,31 @@ async def create_batch(request: web.Request) -> web.Response:
                              "values up to 512).", param="metadata")
     file_id = body.get("input_file_id")
     store = work.store()
-    content = store.file_content(file_id, owner) if isinstance(file_id, str) else None
-    if content is None or not isinstance(file_id, str):
-        raise InvalidRequest("input_file_id: no such file.", param="input_file_id")
-    work.check_room(len(content))
-    try:
-        good, bad = await asyncio.to_thread(read_lines, content, endpoint,
-                                            work.config.batch.max_lines)
-    except ValueError as exc:
-        raise InvalidRequest(f"input_file_id: {exc}.", param="input_file_id") from None
+    async with work.heavy:
+        content = (await asyncio.to_thread(store.file_content, file_id, owner)
+                   if isinstance(file_id, str) else None)
+        if content is None or not isinstance(file_id, str):
+            raise InvalidRequest("input_file_id: no such file.", param="input_file_id")
+        work.check_room(len(content))
+        try:
+            good, bad = await asyncio.to_thread(read_lines, content, endpoint,
+                                                work.config.batch.max_lines)
+        except ValueError as exc:
+            raise InvalidRequest(f"input_file_id: {exc}.", param="input_file_id") from None
+        del content
     batch_id = new_id("batch_")
     now = int(work.clock.wall())
     doc = batch_doc(batch_id, endpoint, file_id, window, now, now + seconds,
                     len(good) + len(bad), metadata)
-    lines: list[tuple[int, str, bytes | None, str, bytes | None]] = [
+    lines: list[tuple[int, str | None, bytes | None, str, bytes | None]] = [
         (line.index, line.custom_id, line.body, "pending", None) for line in good]
-    lines += [(b.index, b.custom_id or f"line-{b.index + 1}", None, "failed",
-               error_line(new_id("batch_req_"), b.custom_id or f"line-{b.index + 1}",
-                          "invalid_request", f"line {b.index + 1}: {b.message}"))
+    lines += [(b.index, b.custom_id, None, "failed",
+               error_line(new_id("batch_req_"), b.custom_id, "invalid_request",
+                          f"line {b.index + 1}: {b.message}"))
               for b in bad]
-    await asyncio.to_thread(store.add_batch, batch_id, owner, now, "in_progress",
-                            orjson.dumps(doc).decode(), lines)
+    async with work.heavy:
+        await asyncio.to_thread(store.add_batch, batch_id, owner, now, "in_progress",
+                                orjson.dumps(doc).decode(), lines)
     work.run_batch(batch_id)
     return _json(_counted(work, batch_id, doc))
 
@@ -194,7 +213,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
         doc["status"] = "cancelling"
         doc["cancelling_at"] = int(work.clock.wall())
         work.store().save_batch(batch_id, "cancelling", orjson.dumps(doc).decode())
-        work.cancel_batch(batch_id)
+        work.run_batch(batch_id)  # a running batch sees it within a second
     return _json(_counted(work, batch_id, doc))
 
 
@@ -206,7 +225,8 @@ async def create_background(request: web.Request, body: dict[str, Any]) -> web.R
     if body.get("stream"):
         raise InvalidRequest("background responses cannot stream here; poll "
                              "GET /v1/responses/{id}.", param="stream")
-    if body.get("model") not in request.app[SERVICE].config.models:
+    model = body.get("model")
+    if not isinstance(model, str) or model not in request.app[SERVICE].config.models:
         raise InvalidRequest("model: not served by this proxy.", param="model")
     call = {k: v for k, v in body.items() if k != "background"}
     encoded = orjson.dumps(call)
@@ -248,6 +268,7 @@ async def cancel_response(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/files", create_file)
+    app.router.add_get("/v1/files", list_files)
     app.router.add_get("/v1/files/{file_id}", get_file)
     app.router.add_get("/v1/files/{file_id}/content", file_content)
     app.router.add_delete("/v1/files/{file_id}", delete_file)

@@ -36,6 +36,7 @@ from ..core.route import Deployment
 from ..core.scheduler import Rejection
 from ..state.base import Lease
 from .accounting import record_usage
+from .auth import ON_BEHALF
 from .batches import create_background
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .edge import read_call, upstream_headers
@@ -71,7 +72,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
-    if b'"background"' in raw:
+    if b'"background"' in raw and ON_BEHALF not in request.headers:  # not the proxy's own
         with contextlib.suppress(orjson.JSONDecodeError):
             body = orjson.loads(raw)
             if isinstance(body, dict) and body.get("background") is True:

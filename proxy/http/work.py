@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,15 @@ from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+TURN_S = 1.0  # a running batch looks at its status (a cancel from another worker) this often
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
 RESPONSE_WINDOW_S = 24 * 3600  # a background response is tried again for at most this
 RETENTION_EVERY_S = 3600.0
+HEAVY_AT_ONCE = 2
+LEAD_EVERY_S = 1.0  # the runner's lease is renewed, and new work looked for, this often
+LEASE_S = 5.0  # a runner that stopped renewing is replaced after this
 FINISHED_LINE = ("done", "failed", "expired", "cancelled")
 
 
@@ -59,9 +62,13 @@ class Work:
         self._token = token
         self._store: Store | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
-        self._stopping: set[str] = set()  # batches being cancelled
         self._session: aiohttp.ClientSession | None = None
         self._janitor: asyncio.Task[None] | None = None
+        self._leader: asyncio.Task[None] | None = None
+        self._me = new_id("runner-")
+        self.leading = False  # this process holds the lease on running the work
+        # Uploads, batch creations and file reads each hold up to max_file_bytes: a few at once.
+        self.heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         self.base_url: str | None = None  # where this proxy listens (set once it does)
         self.metrics.storage_bytes.set_function(self.size_bytes)
 
@@ -85,17 +92,33 @@ class Work:
         return self._store
 
     async def start(self, base_url: str) -> None:
-        """Listening at ``base_url``: resume what a previous process left (if its file is
-        there)."""
+        """Listening at ``base_url``: run the work (this process, or whichever worker of
+        ``serve --workers`` holds the lease), resuming what a previous process left."""
         self.base_url = base_url.rstrip("/")
-        path = self.config.storage.path
-        if path == ":memory:" or not Path(path).exists():
+        self._lead()
+        self._leader = asyncio.ensure_future(self._lead_forever())
+
+    async def _lead_forever(self) -> None:
+        while True:
+            await asyncio.sleep(LEAD_EVERY_S)
+            self._lead()
+
+    def _lead(self) -> None:
+        """Take or keep the lease on running the work, and run what is there to run: work
+        another worker took in, or a dead holder left. The safety sweep of ``--workers``
+        (a process is not told when another one stores work)."""
+        if self._store is None and not self.exists():
             return
         store = self.store()
-        again = store.recover()
-        if again:
-            log.warning("work that can wait: %d lines were running when the last process "
-                        "stopped; they run again", again)
+        leading = store.hold_runner(self._me, self.clock.wall(), LEASE_S)
+        if leading and not self.leading:
+            again = store.recover()
+            if again:
+                log.warning("work that can wait: %d lines were running when the process "
+                            "that ran them stopped; they run again", again)
+        self.leading = leading
+        if not leading:
+            return
         for batch_id in store.batches_with_status(("in_progress", "cancelling")):
             self.run_batch(batch_id)
         for response_id in store.responses_with_status(("queued", "in_progress")):
@@ -103,8 +126,8 @@ class Work:
 
     async def close(self) -> None:
         """Stop running (what was running stays marked so, and runs again at the next
-        start)."""
-        tasks = [*self._tasks.values(), *([self._janitor] if self._janitor else [])]
+        start, or in the worker that takes the lease over)."""
+        tasks = [*self._tasks.values(), *(t for t in (self._janitor, self._leader) if t)]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -204,29 +227,25 @@ class Work:
     # --- batches ------------------------------------------------------------------------
 
     def run_batch(self, batch_id: str) -> None:
-        if batch_id not in self._tasks:
+        """Run it here if this process runs the work (else the runner finds it)."""
+        if self.leading and batch_id not in self._tasks:
             task = self._tasks[batch_id] = asyncio.ensure_future(self._run_batch(batch_id))
             task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
-
-    def cancel_batch(self, batch_id: str) -> None:
-        self._stopping.add(batch_id)
-        task = self._tasks.get(batch_id)
-        if task is None:
-            self.run_batch(batch_id)  # nothing running it: finish the cancellation now
 
     async def _run_batch(self, batch_id: str) -> None:
         store = self.store()
         found = store.batch(batch_id)
         if found is None:
             return
-        status, text, owner = found
+        _, text, owner = found
         doc: dict[str, Any] = orjson.loads(text)
         expires_at = float(doc["expires_at"])
-        running: dict[asyncio.Task[None], int] = {}
+        running: set[asyncio.Task[None]] = set()
         outcome = "completed"
         try:
             while True:
-                if status == "cancelling" or batch_id in self._stopping:
+                status = store.batch(batch_id)
+                if status is None or status[0] == "cancelling":  # cancelled, on any worker
                     outcome = "cancelled"
                     break
                 if self.clock.wall() >= expires_at:
@@ -234,16 +253,14 @@ class Work:
                     break
                 room = self.config.batch.max_in_flight - len(running)
                 for index, custom_id, body in store.take_lines(batch_id, room) if room else ():
-                    task = asyncio.ensure_future(self._line(
-                        batch_id, owner, doc["endpoint"], index, custom_id, body, expires_at))
-                    running[task] = index
+                    running.add(asyncio.ensure_future(self._line(
+                        batch_id, owner, doc["endpoint"], index, custom_id, body, expires_at)))
                 if not running:
                     break
-                timeout = min(max(expires_at - self.clock.wall(), 0.05), 60.0)
-                done, _ = await asyncio.wait(running, timeout=timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                timeout = min(max(expires_at - self.clock.wall(), 0.05), TURN_S)
+                done, running = await asyncio.wait(running, timeout=timeout,
+                                                   return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    running.pop(task)
                     if not task.cancelled() and task.exception() is not None:
                         log.error("batch %s: a line failed unexpectedly", batch_id,
                                   exc_info=task.exception())
@@ -252,15 +269,16 @@ class Work:
                 task.cancel()
             if running:
                 await asyncio.wait(running)
-        self._finalize(batch_id, doc, outcome)
-        self._stopping.discard(batch_id)
+        await asyncio.to_thread(store.finalize, batch_id, outcome, int(self.clock.wall()),
+                                lambda: new_id("file-"), _ended)
 
     async def _line(self, batch_id: str, owner: str, endpoint: str, index: int,
                     custom_id: str, body: bytes, until: float) -> None:
         line_id = new_id("batch_req_")
         answer = await self._answer(owner, endpoint, body, line_id, until)
-        if answer is None:
-            return  # the window ended first: the batch ends it as expired
+        if answer is None:  # turned away until the window's end
+            self.store().finish_line(batch_id, index, "expired", _ended(custom_id, "expired"))
+            return
         status, data = answer
         try:
             parsed: object = orjson.loads(data)
@@ -270,33 +288,6 @@ class Work:
         outcome = "done" if status < 300 else "failed"
         if self.store().finish_line(batch_id, index, outcome, result):
             self.metrics.batch_lines.get(outcome).inc()
-
-    def _finalize(self, batch_id: str, doc: dict[str, Any], outcome: str) -> None:
-        store = self.store()
-        now = int(self.clock.wall())
-        if outcome != "completed":
-            code, message = ("batch_expired", "The line did not run before the batch's "
-                             "completion window ended.") if outcome == "expired" else (
-                             "batch_cancelled", "The batch was cancelled before the line ran.")
-            store.end_lines(batch_id, outcome,
-                            lambda cid: error_line(new_id("batch_req_"), cid, code, message))
-        doc["finalizing_at"] = doc["finalizing_at"] or now
-        owner = store.batch(batch_id)
-        assert owner is not None
-        for field, statuses, suffix in (("output_file_id", ("done",), "output"),
-                                        ("error_file_id", FINISHED_LINE[1:], "error")):
-            results = store.results(batch_id, statuses)
-            if results and doc[field] is None:
-                file_id = new_id("file-")
-                store.add_file({"id": file_id, "owner": owner[2], "purpose": "batch_output",
-                                "filename": f"{batch_id}_{suffix}.jsonl", "created_at": now},
-                               b"\n".join(results) + b"\n")
-                doc[field] = file_id
-        doc["request_counts"] = request_counts(doc["request_counts"]["total"],
-                                               store.counts(batch_id))
-        doc["status"] = outcome
-        doc[f"{outcome}_at"] = now
-        store.save_batch(batch_id, outcome, orjson.dumps(doc).decode())
 
     # --- background responses -----------------------------------------------------------
 
@@ -349,4 +340,15 @@ class Work:
             "message": str(error.get("message") or "")}), only_if=live)
 
 
-WorkFactory = Callable[[Config, Clock, str], Work]
+_ENDINGS = {
+    "expired": ("batch_expired", "The line did not run before the batch's completion window "
+                "ended."),
+    "cancelled": ("batch_cancelled", "The batch was cancelled before the line ran."),
+    "failed": ("not_run", "The line could not be run."),
+}
+
+
+def _ended(custom_id: str | None, status: str) -> bytes:
+    """The error line of a line that ended unanswered."""
+    code, message = _ENDINGS[status]
+    return error_line(new_id("batch_req_"), custom_id, code, message)

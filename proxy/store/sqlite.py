@@ -2,19 +2,26 @@
 with each line's result, and background responses.
 
 A line moves pending → running → done | failed (or expired / cancelled); its result is
-written only while it is running, so it is answered exactly once. A process that dies
-leaves lines running: ``recover`` sends them back to pending (they run again).
-Small statements run on the event loop (sub-millisecond in WAL mode); a new batch's insert
-of up to ``max_lines`` rows runs in a worker thread on a connection of its own.
+written only while it is running, so it is answered exactly once. One process at a time
+runs the work (``hold_runner``: a lease in the file, so ``serve --workers`` share one
+store); when the lease changes hands, or the process that held it died, ``recover`` sends
+the lines it left running back to pending (they run again).
+Small statements run on the event loop (sub-millisecond in WAL mode). What may be large —
+a new batch's insert, a file's content, a batch's finalization — runs in a worker thread on
+a connection of its own (``threaded``), in one transaction each.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
+
+from ..core.batchdoc import request_counts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -25,13 +32,28 @@ CREATE TABLE IF NOT EXISTS batches (
     status TEXT NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS batches_by_owner ON batches (owner, created_at);
 CREATE TABLE IF NOT EXISTS lines (
-    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
+    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT,
     body BLOB, status TEXT NOT NULL, result BLOB, PRIMARY KEY (batch_id, idx));
 CREATE INDEX IF NOT EXISTS lines_by_status ON lines (batch_id, status, idx);
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL,
     status TEXT NOT NULL, request BLOB NOT NULL, result BLOB);
+CREATE TABLE IF NOT EXISTS runner (
+    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, until REAL NOT NULL);
 """
+FINISHED = ("completed", "failed", "expired", "cancelled")
+MAX_FILES_LISTED = 10_000
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 class Store:
@@ -52,10 +74,32 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
+    @contextlib.contextmanager
+    def threaded(self) -> Iterator[sqlite3.Connection]:
+        """A connection for a worker thread (``:memory:`` has only the one)."""
+        if self.path == ":memory:":
+            yield self._db
+            return
+        with contextlib.closing(self._connect()) as db:
+            yield db
+
     def size_bytes(self) -> int:
-        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
-        size = self._db.execute("PRAGMA page_size").fetchone()[0]
-        return int(pages * size)
+        """Pages in use: free ones are reused before the file grows, so what is deleted
+        makes room at once. (The WAL beside it is reused too, its size bounded by SQLite's
+        checkpoints.)"""
+        used = self._db.execute("PRAGMA page_count").fetchone()[0] - self._db.execute(
+            "PRAGMA freelist_count").fetchone()[0]
+        return int(used * self._db.execute("PRAGMA page_size").fetchone()[0])
+
+    def hold_runner(self, holder: str, now: float, ttl_s: float) -> bool:
+        """Take or keep the lease on running the work; True if ``holder`` has it."""
+        self._db.execute(
+            "INSERT INTO runner VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "holder = excluded.holder, until = excluded.until "
+            "WHERE runner.holder = excluded.holder OR runner.until < ?",
+            (holder, now + ttl_s, now))
+        found = self._db.execute("SELECT holder FROM runner").fetchone()
+        return found is not None and found[0] == holder
 
     # --- files ---------------------------------------------------------------------------
 
@@ -75,9 +119,18 @@ class Store:
         return dict(zip(keys, found, strict=True))
 
     def file_content(self, file_id: str, owner: str) -> bytes | None:
-        found = self._db.execute("SELECT content FROM files WHERE id = ? AND owner = ?",
-                                 (file_id, owner)).fetchone()
+        """In a worker thread: up to ``max_file_bytes``."""
+        with self.threaded() as db:
+            found = db.execute("SELECT content FROM files WHERE id = ? AND owner = ?",
+                               (file_id, owner)).fetchone()
         return None if found is None else bytes(found[0])
+
+    def files(self, owner: str) -> list[dict[str, Any]]:
+        """``owner``'s files, newest first (at most ``MAX_FILES_LISTED``)."""
+        keys = ("id", "purpose", "filename", "bytes", "created_at")
+        return [dict(zip(keys, row, strict=True)) for row in self._db.execute(
+            "SELECT id, purpose, filename, bytes, created_at FROM files WHERE owner = ? "
+            "ORDER BY created_at DESC, id DESC LIMIT ?", (owner, MAX_FILES_LISTED))]
 
     def delete_file(self, file_id: str, owner: str) -> bool:
         return self._db.execute("DELETE FROM files WHERE id = ? AND owner = ?",
@@ -86,23 +139,15 @@ class Store:
     # --- batches ------------------------------------------------------------------------
 
     def add_batch(self, batch_id: str, owner: str, created_at: int, status: str, doc: str,
-                  lines: Iterable[tuple[int, str, bytes | None, str, bytes | None]]) -> None:
-        """The batch and its lines (index, custom_id, body, status, result), in one
-        transaction: a batch is there with all its lines, or not at all. Runs in a worker
-        thread, on a connection of its own (the loop's keeps reading meanwhile)."""
-        own = self.path != ":memory:"  # a second connection to :memory: is another database
-        with contextlib.closing(self._connect()) if own else contextlib.nullcontext(
-                self._db) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
-                           (batch_id, owner, created_at, status, doc))
-                db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?)",
-                               ((batch_id, *line) for line in lines))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+                  lines: Iterable[tuple[int, str | None, bytes | None, str, bytes | None]]
+                  ) -> None:
+        """In a worker thread: the batch and its lines (index, custom_id, body, status,
+        result), in one transaction: a batch is there with all its lines, or not at all."""
+        with self.threaded() as db, _transaction(db):
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                       (batch_id, owner, created_at, status, doc))
+            db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?)",
+                           ((batch_id, *line) for line in lines))
 
     def batch(self, batch_id: str, owner: str | None = None) -> tuple[str, str, str] | None:
         """(status, doc, owner) of a batch (of ``owner``'s, if given)."""
@@ -140,12 +185,12 @@ class Store:
 
     def take_lines(self, batch_id: str, limit: int) -> list[tuple[int, str, bytes]]:
         """Up to ``limit`` pending lines, in order, now marked running."""
-        rows = self._db.execute(
-            "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? AND "
-            "status = 'pending' ORDER BY idx LIMIT ?", (batch_id, limit)).fetchall()
-        self._db.executemany(
-            "UPDATE lines SET status = 'running' WHERE batch_id = ? AND idx = ?",
-            ((batch_id, row[0]) for row in rows))
+        with _transaction(self._db) as db:
+            rows = db.execute(
+                "SELECT idx, custom_id, body FROM lines WHERE batch_id = ? AND "
+                "status = 'pending' ORDER BY idx LIMIT ?", (batch_id, limit)).fetchall()
+            db.executemany("UPDATE lines SET status = 'running' WHERE batch_id = ? AND idx = ?",
+                           ((batch_id, row[0]) for row in rows))
         return [(row[0], row[1], bytes(row[2])) for row in rows]
 
     def finish_line(self, batch_id: str, index: int, status: str, result: bytes) -> bool:
@@ -155,28 +200,51 @@ class Store:
             "AND idx = ? AND status = 'running'",
             (status, result, batch_id, index)).rowcount > 0
 
-    def end_lines(self, batch_id: str, status: str,
-                  result_for: Callable[[str], bytes]) -> None:
-        """Every line not answered yet ends as ``status`` (expired, cancelled), its result
-        ``result_for(custom_id)``."""
-        rows = self._db.execute(
-            "SELECT idx, custom_id FROM lines WHERE batch_id = ? AND status IN "
-            "('pending', 'running')", (batch_id,)).fetchall()
-        self._db.executemany(
-            "UPDATE lines SET status = ?, result = ?, body = NULL WHERE batch_id = ? "
-            "AND idx = ?",
-            ((status, result_for(row[1]), batch_id, row[0]) for row in rows))
+    def finalize(self, batch_id: str, outcome: str, now: int, new_file_id: Callable[[], str],
+                 ended: Callable[[str | None, str], bytes]) -> bool:
+        """In a worker thread, one transaction: the batch ends as ``outcome`` (completed,
+        expired, cancelled). Lines not answered end too (``ended(custom_id, status)`` is
+        their error line; as ``failed`` if the batch completed without them); the output
+        (2xx) and error files are written; the saved document gets its counts and times.
+        False if the batch had ended already (it is finalized once)."""
+        with self.threaded() as db, _transaction(db):
+            found = db.execute("SELECT status, doc, owner FROM batches WHERE id = ?",
+                               (batch_id,)).fetchone()
+            if found is None or found[0] in FINISHED:
+                return False
+            status = "failed" if outcome == "completed" else outcome
+            rows = db.execute("SELECT idx, custom_id FROM lines WHERE batch_id = ? AND "
+                              "status IN ('pending', 'running')", (batch_id,)).fetchall()
+            db.executemany(
+                "UPDATE lines SET status = ?, result = ?, body = NULL WHERE batch_id = ? "
+                "AND idx = ?", ((status, ended(row[1], status), batch_id, row[0])
+                                for row in rows))
+            doc = orjson.loads(found[1])
+            doc["finalizing_at"] = doc["finalizing_at"] or now
+            for field, statuses, suffix in (("output_file_id", "('done')", "output"), (
+                    "error_file_id", "('failed', 'expired', 'cancelled')", "error")):
+                results = [bytes(row[0]) for row in db.execute(
+                    f"SELECT result FROM lines WHERE batch_id = ? AND status IN {statuses} "
+                    "AND result IS NOT NULL ORDER BY idx", (batch_id,))]
+                if results:
+                    content = b"\n".join(results) + b"\n"
+                    doc[field] = new_file_id()
+                    db.execute("INSERT INTO files VALUES (?, ?, 'batch_output', ?, ?, ?, ?)",
+                               (doc[field], found[2], f"{batch_id}_{suffix}.jsonl",
+                                len(content), now, content))
+            counts = dict(db.execute("SELECT status, COUNT(*) FROM lines WHERE batch_id = ? "
+                                     "GROUP BY status", (batch_id,)).fetchall())
+            doc["request_counts"] = request_counts(doc["request_counts"]["total"], counts)
+            doc["status"] = outcome
+            doc[f"{outcome}_at"] = now
+            db.execute("UPDATE batches SET status = ?, doc = ? WHERE id = ?",
+                       (outcome, orjson.dumps(doc).decode(), batch_id))
+        return True
 
     def counts(self, batch_id: str) -> dict[str, int]:
         return {row[0]: row[1] for row in self._db.execute(
             "SELECT status, COUNT(*) FROM lines WHERE batch_id = ? GROUP BY status",
             (batch_id,)).fetchall()}
-
-    def results(self, batch_id: str, statuses: Sequence[str]) -> list[bytes]:
-        marks = ", ".join("?" for _ in statuses)
-        return [bytes(row[0]) for row in self._db.execute(
-            f"SELECT result FROM lines WHERE batch_id = ? AND status IN ({marks}) "
-            "AND result IS NOT NULL ORDER BY idx", (batch_id, *statuses)).fetchall()]
 
     def recover(self) -> int:
         """Lines left running by a process that died go back to pending."""
@@ -231,7 +299,7 @@ class Store:
     def forget_before(self, created_at: int) -> int:
         """Delete files, finished batches (and their lines) and finished responses created
         before ``created_at``; returns how many rows went."""
-        done = "('completed', 'failed', 'expired', 'cancelled')"
+        done = str(FINISHED)
         db = self._db
         gone = db.execute(
             f"DELETE FROM lines WHERE batch_id IN (SELECT id FROM batches WHERE "
