@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import io
 import signal
@@ -28,6 +29,7 @@ from proxy.http.state import SERVICE, WORK
 
 from .conftest import config_from
 from .fakes import FakeUpstream
+from .redis_server import URL, PrivateRedis, prefixed
 from .serving import serving
 
 Factory = Callable[..., Awaitable[Any]]
@@ -70,24 +72,30 @@ class Proxy:
         return self.server.app[WORK]
 
 
-@pytest.fixture
-async def start(aiohttp_server: Factory, counter: TokenCounter,
+@pytest.fixture(params=["sqlite", "redis"])
+async def start(request: pytest.FixtureRequest, aiohttp_server: Factory, counter: TokenCounter,
                 tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
-    async def make(upstream: FakeUpstream | None = None, clock: Clock | None = None,
-                   **batch: Any) -> Proxy:
-        upstream = upstream or FakeUpstream()
-        server = await aiohttp_server(upstream.app())
-        config = config_from(
-            [{"name": "up", "base_url": str(server.make_url("/v1")), "api_key": "k",
-              "max_concurrency": 4}],
-            {"m": [{"provider": "up", "model": "x"}]},
-            classify=KEYS, batch={"max_in_flight": 3, **batch},
-            storage={"path": str(tmp_path / "work.db")})
-        proxy = await aiohttp_server(build_app(config, counter=counter, clock=clock))
-        await proxy.app[WORK].start(str(proxy.make_url("")))
-        return Proxy(proxy, upstream)
+    """A proxy whose store is SQLite, or Redis (with the redis state backend)."""
+    with prefixed() if request.param == "redis" else contextlib.nullcontext(
+            (None, None)) as (_, prefix):
+        state = {} if prefix is None else {"state": {"backend": "redis", "url": URL,
+                                                     "prefix": prefix}}
 
-    yield make
+        async def make(upstream: FakeUpstream | None = None, clock: Clock | None = None,
+                       **batch: Any) -> Proxy:
+            upstream = upstream or FakeUpstream()
+            server = await aiohttp_server(upstream.app())
+            config = config_from(
+                [{"name": "up", "base_url": str(server.make_url("/v1")), "api_key": "k",
+                  "max_concurrency": 4}],
+                {"m": [{"provider": "up", "model": "x"}]},
+                classify=KEYS, batch={"max_in_flight": 3, **batch},
+                storage={"path": str(tmp_path / "work.db")}, **state)
+            proxy = await aiohttp_server(build_app(config, counter=counter, clock=clock))
+            await proxy.app[WORK].start(str(proxy.make_url("")))
+            return Proxy(proxy, upstream)
+
+        yield make
 
 
 async def finished(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 20) -> Any:
@@ -419,7 +427,7 @@ async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> Non
     done = await finished(client, batch.id)
     store = proxy.work.store()
     assert store.forget_before(done.created_at) == 0  # nothing older yet
-    assert store.forget_before(done.created_at + 10) >= 4  # batch, line, input and output
+    assert store.forget_before(done.created_at + 10) >= 3  # batch (lines), input, output
     with pytest.raises(openai.NotFoundError):
         await client.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
@@ -501,3 +509,68 @@ async def test_two_workers_on_one_store_run_each_batch_once(
         rows.update(by_custom_id((await a.files.content(done.output_file_id)).content))
     assert set(rows) == {f"w{i}" for i in range(40)}
     assert len(upstream.seen) < 40  # cancelled before every line ran; none ran twice
+
+
+async def test_with_redis_any_replica_serves_a_batch_and_takes_over_a_dead_ones_lines(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    upstream = FakeUpstream(hold_s=0.05)
+    up = await aiohttp_server(upstream.app())
+    with prefixed() as (_, prefix):
+        config = config_from(
+            [{"name": "up", "base_url": str(up.make_url("/v1")), "api_key": "k",
+              "max_concurrency": 4}], {"m": [{"provider": "up", "model": "x"}]},
+            classify=KEYS, batch={"max_in_flight": 2},
+            state={"backend": "redis", "url": URL, "prefix": prefix})
+        replicas = []
+        for _ in range(2):  # two machines: no shared token, no shared file
+            server = await aiohttp_server(build_app(config, counter=counter))
+            await server.app[WORK].start(str(server.make_url("")))
+            replicas.append(server)
+        a, b = (openai.AsyncOpenAI(base_url=str(r.make_url("/v1")), api_key="team-key",
+                                   max_retries=0) for r in replicas)
+        uploaded = await a.files.create(
+            file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(60)]))),
+            purpose="batch")
+        batch = await b.batches.create(input_file_id=uploaded.id,
+                                       endpoint="/v1/chat/completions", completion_window="24h")
+        leader = next(r for r in replicas if r.app[WORK].leading)
+        other = next(r for r in replicas if r is not leader)
+        async with asyncio.timeout(10):
+            while (await a.batches.retrieve(batch.id)).request_counts.completed < 10:
+                await asyncio.sleep(0.02)
+        await leader.app[WORK].close()  # it dies mid-batch, lines running
+        survivor = openai.AsyncOpenAI(base_url=str(other.make_url("/v1")), api_key="team-key",
+                                      max_retries=0)
+        done = await finished(survivor, batch.id, timeout=30)
+        assert other.app[WORK].leading and done.status == "completed"
+        output = by_custom_id((await survivor.files.content(done.output_file_id)).content)
+        assert set(output) == {f"r{i}" for i in range(60)}
+
+
+async def test_a_store_that_cannot_be_reached_is_a_503_and_nothing_crashes(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    server = PrivateRedis()
+    server.start()
+    try:
+        config = config_from(
+            [{"name": "up", "base_url": "http://127.0.0.1:9/v1", "max_concurrency": 1}],
+            {"m": [{"provider": "up", "model": "x"}]}, classify=KEYS,
+            state={"backend": "redis", "url": server.url})
+        proxy = await aiohttp_server(build_app(config, counter=counter))
+        await proxy.app[WORK].start(str(proxy.make_url("")))
+        client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="team-key",
+                                    max_retries=0)
+        uploaded = await client.files.create(
+            file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch")
+        server.stop()
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.files.retrieve(uploaded.id)
+        assert info.value.status_code == 503 and "store" in str(info.value)
+        await asyncio.sleep(1.5)  # the runner's lease loop meets the same trouble, and lives
+        status = await _get(Proxy(proxy, FakeUpstream()), "/admin/status")
+        assert "error" in status["work"]
+        server.start()
+        with pytest.raises(openai.NotFoundError):  # this Redis kept nothing: gone, not 5xx
+            await client.files.retrieve(uploaded.id)
+    finally:
+        server.stop()

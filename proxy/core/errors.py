@@ -23,6 +23,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     │   ├── Shed                  shed (expected wait past the model's degrade.shed_wait_s)
     │   ├── ShuttingDown          shutting_down (draining: the call cannot finish in time)
     │   ├── StateUnavailable      state_unavailable (Redis unreachable, state.on_error: reject)
+    │   ├── StorageUnavailable    storage_unavailable (the store of work that can wait)
     │   └── UpstreamUnavailable   upstream_unavailable
     └── UpstreamError         502 / 504, raised when every attempt failed
         ├── UpstreamConnectError  502 upstream_connect_error
@@ -186,6 +187,14 @@ class ShuttingDown(Overloaded):
 
 class UpstreamUnavailable(Overloaded):
     code = "upstream_unavailable"
+
+
+class StorageUnavailable(Overloaded):
+    code = "storage_unavailable"
+
+    def __init__(self) -> None:
+        super().__init__("The proxy cannot reach its store of files, batches and background "
+                         "responses; retry shortly.", retry_after=1.0)
 
 
 class StateUnavailable(Overloaded):

@@ -6,10 +6,12 @@ it: any other key gets 404."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
 from aiohttp import BodyPartReader, web
+from aiohttp.typedefs import Handler
 
 from ..core.batchdoc import (
     batch_doc,
@@ -20,12 +22,14 @@ from ..core.batchdoc import (
     window_s,
 )
 from ..core.batchfile import ENDPOINTS, read_lines
-from ..core.errors import InvalidRequest, NotFound, RequestTooLarge
+from ..core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ..core.request import parse_call
+from ..store import STORE_ERRORS
 from .state import SERVICE, WORK
 from .work import Work, new_id
 
 MAX_LIST = 100
+log = logging.getLogger(__name__)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -221,6 +225,14 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 async def create_background(request: web.Request, body: dict[str, Any]) -> web.Response:
     """``POST /v1/responses`` with ``background: true``: stored, answered at once."""
+    try:
+        return await _background(request, body)
+    except STORE_ERRORS:
+        log.warning("work that can wait: the store failed", exc_info=True)
+        raise StorageUnavailable() from None
+
+
+async def _background(request: web.Request, body: dict[str, Any]) -> web.Response:
     owner, work = _caller(request)
     if body.get("stream"):
         raise InvalidRequest("background responses cannot stream here; poll "
@@ -266,15 +278,28 @@ async def cancel_response(request: web.Request) -> web.Response:
     return web.Response(body=doc, content_type="application/json")
 
 
+def _guarded(handler: Handler) -> Handler:
+    """The store's own failures (Redis away, a disk error) are a 503 the SDK retries."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except STORE_ERRORS:
+            log.warning("work that can wait: the store failed", exc_info=True)
+            raise StorageUnavailable() from None
+
+    return guarded
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/files", create_file)
-    app.router.add_get("/v1/files", list_files)
-    app.router.add_get("/v1/files/{file_id}", get_file)
-    app.router.add_get("/v1/files/{file_id}/content", file_content)
-    app.router.add_delete("/v1/files/{file_id}", delete_file)
-    app.router.add_post("/v1/batches", create_batch)
-    app.router.add_get("/v1/batches", list_batches)
-    app.router.add_get("/v1/batches/{batch_id}", get_batch)
-    app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
-    app.router.add_get("/v1/responses/{response_id}", get_response)
-    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
+    for method, path, handler in (
+            ("POST", "/v1/files", create_file), ("GET", "/v1/files", list_files),
+            ("GET", "/v1/files/{file_id}", get_file),
+            ("GET", "/v1/files/{file_id}/content", file_content),
+            ("DELETE", "/v1/files/{file_id}", delete_file),
+            ("POST", "/v1/batches", create_batch), ("GET", "/v1/batches", list_batches),
+            ("GET", "/v1/batches/{batch_id}", get_batch),
+            ("POST", "/v1/batches/{batch_id}/cancel", cancel_batch),
+            ("GET", "/v1/responses/{response_id}", get_response),
+            ("POST", "/v1/responses/{response_id}/cancel", cancel_response)):
+        app.router.add_route(method, path, _guarded(handler))

@@ -31,6 +31,8 @@ from ..core.batchdoc import error_line, output_line, request_counts, response_do
 from ..core.clock import Clock
 from ..core.errors import StorageFull
 from ..core.retry import parse_retry_after
+from ..store import STORE_ERRORS
+from ..store.redis_store import RedisStore
 from ..store.sqlite import Store
 from .auth import ON_BEHALF
 from .metrics import Metrics
@@ -60,7 +62,7 @@ class Work:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self._token = token
-        self._store: Store | None = None
+        self._store: Store | RedisStore | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
         self._session: aiohttp.ClientSession | None = None
         self._janitor: asyncio.Task[None] | None = None
@@ -79,15 +81,18 @@ class Work:
         return self._store is not None
 
     def exists(self) -> bool:
-        """The store's file is there (from this process or an earlier one)."""
+        """The store is there (Redis; a file from this process or an earlier one)."""
+        if self.config.state.backend == "redis":
+            return True
         path = self.config.storage.path
         return path != ":memory:" and Path(path).exists()
 
-    def store(self) -> Store:
+    def store(self) -> Store | RedisStore:
         """The store, opened on first use (a proxy that never gets such work writes no
-        file)."""
+        file): SQLite, or Redis with the redis state backend (shared by every replica)."""
         if self._store is None:
-            self._store = Store(self.config.storage.path)
+            self._store = (RedisStore(self.config.state) if self.config.state.backend == "redis"
+                           else Store(self.config.storage.path))
             self._janitor = asyncio.ensure_future(self._forget_old())
         return self._store
 
@@ -110,19 +115,16 @@ class Work:
         if self._store is None and not self.exists():
             return
         store = self.store()
-        leading = store.hold_runner(self._me, self.clock.wall(), LEASE_S)
-        if leading and not self.leading:
-            again = store.recover()
-            if again:
-                log.warning("work that can wait: %d lines were running when the process "
-                            "that ran them stopped; they run again", again)
-        self.leading = leading
-        if not leading:
-            return
-        for batch_id in store.batches_with_status(("in_progress", "cancelling")):
-            self.run_batch(batch_id)
-        for response_id in store.responses_with_status(("queued", "in_progress")):
-            self.run_response(response_id)
+        try:
+            self.leading = store.hold_runner(self._me, self.clock.wall(), LEASE_S)
+            if not self.leading:
+                return
+            for batch_id in store.batches_with_status(("in_progress", "cancelling")):
+                self.run_batch(batch_id)
+            for response_id in store.responses_with_status(("queued", "in_progress")):
+                self.run_response(response_id)
+        except STORE_ERRORS as exc:  # tried again in a second
+            log.warning("work that can wait: the store is unavailable (%s)", exc)
 
     async def close(self) -> None:
         """Stop running (what was running stays marked so, and runs again at the next
@@ -144,10 +146,21 @@ class Work:
                               "wait for finished work to expire.")
 
     def size_bytes(self) -> int:
-        return 0 if self._store is None else self._store.size_bytes()
+        if self._store is None:
+            return 0
+        try:
+            return self._store.size_bytes()
+        except STORE_ERRORS:
+            return 0
 
     def running(self) -> list[dict[str, object]]:
         """The batches in progress (or being cancelled), oldest first, with their counts."""
+        try:
+            return self._running()
+        except STORE_ERRORS:
+            return []
+
+    def _running(self) -> list[dict[str, object]]:
         if self._store is None:
             return []
         shown = []
@@ -167,17 +180,25 @@ class Work:
         """For ``/admin/status``: the store's size and what it holds, what runs now."""
         storage = self.config.storage
         shown: dict[str, object] = {
-            "path": storage.path, "bytes": self.size_bytes(), "max_bytes": storage.max_bytes,
+            "path": storage.path if self._store is None else self._store.path,
+            "bytes": self.size_bytes(), "max_bytes": storage.max_bytes,
             "running": sorted(self._tasks), "tier": self._tier(),
             "max_in_flight": self.config.batch.max_in_flight}
         if self._store is not None:
-            shown.update(self._store.summary())
+            try:
+                shown.update(self._store.summary())
+            except STORE_ERRORS as exc:
+                shown["error"] = f"{type(exc).__name__}: {exc}"[:200]
         return shown
 
     async def _forget_old(self) -> None:
         while True:
             cutoff = self.clock.wall() - self.config.batch.retention_days * 86400
-            gone = self.store().forget_before(int(cutoff))
+            try:
+                gone = self.store().forget_before(int(cutoff))
+            except STORE_ERRORS as exc:
+                log.warning("work that can wait: retention skipped (%s)", exc)
+                gone = 0
             if gone:
                 log.info("work that can wait: %d rows past retention deleted", gone)
             await asyncio.sleep(RETENTION_EVERY_S)
@@ -229,10 +250,22 @@ class Work:
     def run_batch(self, batch_id: str) -> None:
         """Run it here if this process runs the work (else the runner finds it)."""
         if self.leading and batch_id not in self._tasks:
+            # Nothing here runs it, and nothing else may: what it left running (a runner
+            # that died, or this one's run that the store failed) runs again.
+            again = self.store().recover(batch_id)
+            if again:
+                log.warning("batch %s: %d lines were left running; they run again",
+                            batch_id, again)
             task = self._tasks[batch_id] = asyncio.ensure_future(self._run_batch(batch_id))
             task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
 
     async def _run_batch(self, batch_id: str) -> None:
+        try:
+            await self._run_batch_once(batch_id)
+        except STORE_ERRORS as exc:  # the lead loop starts it again once the store is back
+            log.warning("batch %s: stopped, the store is unavailable (%s)", batch_id, exc)
+
+    async def _run_batch_once(self, batch_id: str) -> None:
         store = self.store()
         found = store.batch(batch_id)
         if found is None:
@@ -303,6 +336,13 @@ class Work:
             task.cancel()
 
     async def _run_response(self, response_id: str) -> None:
+        try:
+            await self._run_response_once(response_id)
+        except STORE_ERRORS as exc:  # the lead loop starts it again once the store is back
+            log.warning("response %s: stopped, the store is unavailable (%s)", response_id,
+                        exc)
+
+    async def _run_response_once(self, response_id: str) -> None:
         store = self.store()
         found = store.response_request(response_id)
         if found is None:

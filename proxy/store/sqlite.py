@@ -246,10 +246,11 @@ class Store:
             "SELECT status, COUNT(*) FROM lines WHERE batch_id = ? GROUP BY status",
             (batch_id,)).fetchall()}
 
-    def recover(self) -> int:
-        """Lines left running by a process that died go back to pending."""
+    def recover(self, batch_id: str) -> int:
+        """The batch's lines left running (by a runner that stopped) go back to pending."""
         return self._db.execute(
-            "UPDATE lines SET status = 'pending' WHERE status = 'running'").rowcount
+            "UPDATE lines SET status = 'pending' WHERE batch_id = ? AND status = 'running'",
+            (batch_id,)).rowcount
 
     # --- background responses -----------------------------------------------------------
 
