@@ -574,3 +574,38 @@ async def test_a_store_that_cannot_be_reached_is_a_503_and_nothing_crashes(
             await client.files.retrieve(uploaded.id)
     finally:
         server.stop()
+
+
+async def test_urgent_calls_keep_their_waits_while_thousands_of_lines_run(
+        aiohttp_server: Factory, counter: TokenCounter, tmp_path: Path) -> None:
+    config = config_from(
+        [{"name": "sim", "kind": "simulated", "max_concurrency": 4,
+          "simulate": {"ttft_s": 0.3, "tokens_per_s": 2000}}],
+        {"m": [{"provider": "sim", "model": "s"}]},
+        tiers=[{"name": "high", "weight": 8, "reserve": 2}, {"name": "low"}],
+        classify={"default_tier": "high"}, batch={"tier": "low", "max_in_flight": 64},
+        storage={"path": str(tmp_path / "w.db")})
+    proxy = await aiohttp_server(build_app(config, counter=counter))
+    await proxy.app[WORK].start(str(proxy.make_url("")))
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x",
+                                max_retries=0)
+    uploaded = await client.files.create(
+        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"t{i}") for i in range(3000)]))),
+        purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+    async with asyncio.timeout(10):  # the batch has the slots it may have
+        while (await client.batches.retrieve(batch.id)).request_counts.completed < 4:
+            await asyncio.sleep(0.02)
+    waits = []
+    for i in range(15):  # urgent calls, one at a time, while the batch runs
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"u{i}"}],
+            extra_headers={"X-Priority": "high"})
+        waits.append(int(raw.headers["x-proxy-queue-ms"]))
+        await asyncio.sleep(0.02)
+    running = await client.batches.retrieve(batch.id)
+    assert running.status == "in_progress" and running.request_counts.completed > 4
+    assert max(waits) <= 50, waits  # the reserve kept a slot free for each of them
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
