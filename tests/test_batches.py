@@ -609,3 +609,23 @@ async def test_urgent_calls_keep_their_waits_while_thousands_of_lines_run(
     assert max(waits) <= 50, waits  # the reserve kept a slot free for each of them
     await client.batches.cancel(batch.id)
     await finished(client, batch.id)
+
+
+async def test_a_background_chat_completion_is_answered_by_id(start: Any) -> None:
+    proxy = await start()
+    client = proxy.sdk()
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "later"}],
+        extra_body={"background": True})
+    queued_id = raw.headers["x-proxy-background-id"]
+    assert queued_id.startswith("chatcmpl-bg-") and orjson.loads(raw.content)["status"] in (
+        "queued", "in_progress")
+    async with asyncio.timeout(10):
+        while (got := await client.chat.completions.retrieve(queued_id)).choices == []:
+            await asyncio.sleep(0.05)
+    assert got.id == queued_id and got.choices[0].message.content == "Hello there!"
+    with pytest.raises(openai.NotFoundError):
+        await proxy.sdk("other-key").chat.completions.retrieve(queued_id)
+    with pytest.raises(openai.BadRequestError):  # checked as a chat call before it is stored
+        await client.chat.completions.create(model="m", messages="nope",  # type: ignore[arg-type]
+                                             extra_body={"background": True})

@@ -65,12 +65,24 @@ def error_line(line_id: str, custom_id: str | None, code: str, message: str) -> 
                          "error": {"code": code, "message": message}})
 
 
+CHAT_PREFIX = "chatcmpl-bg-"  # a background chat completion's id (the rest: responses)
+
+
+def background_path(response_id: str) -> str:
+    """The endpoint a background call runs on, from its id."""
+    return "/v1/chat/completions" if response_id.startswith(CHAT_PREFIX) else "/v1/responses"
+
+
 def response_doc(response_id: str, now: int, status: str, model: object,
                  answer: dict[str, Any] | None = None,
                  error: dict[str, str] | None = None) -> dict[str, Any]:
-    """A background response as ``GET /v1/responses/{id}`` shows it: the upstream's answer
-    under this id once there is one, else a shell with the status."""
+    """A background response (or chat completion) as ``GET`` by its id shows it: the
+    upstream's answer under this id once there is one, else a shell with the status."""
     if answer is not None:
         return {**answer, "id": response_id, "background": True, "status": status}
+    if response_id.startswith(CHAT_PREFIX):
+        return {"id": response_id, "object": "chat.completion", "created": now,
+                "status": status, "background": True, "model": model, "choices": [],
+                "error": error}
     return {"id": response_id, "object": "response", "created_at": now, "status": status,
             "background": True, "model": model, "output": [], "error": error}

@@ -14,6 +14,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.typedefs import Handler
 
 from ..core.batchdoc import (
+    CHAT_PREFIX,
     batch_doc,
     error_line,
     file_doc,
@@ -23,7 +24,7 @@ from ..core.batchdoc import (
 )
 from ..core.batchfile import ENDPOINTS, read_lines
 from ..core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
-from ..core.request import parse_call
+from ..core.request import Kind, parse_call
 from ..store import STORE_ERRORS
 from .state import SERVICE, WORK
 from .work import Work, new_id
@@ -223,34 +224,40 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 # --- background responses ---------------------------------------------------------------
 
-async def create_background(request: web.Request, body: dict[str, Any]) -> web.Response:
-    """``POST /v1/responses`` with ``background: true``: stored, answered at once."""
+async def create_background(request: web.Request, body: dict[str, Any],
+                            kind: Kind = "responses") -> web.Response:
+    """``POST /v1/responses`` with ``background: true`` (and, an extension, the same on
+    ``/v1/chat/completions``): stored, answered at once with its id, run in the batch tier,
+    fetched with ``GET`` on the same path and the id."""
     try:
-        return await _background(request, body)
+        return await _background(request, body, kind)
     except STORE_ERRORS:
         log.warning("work that can wait: the store failed", exc_info=True)
         raise StorageUnavailable() from None
 
 
-async def _background(request: web.Request, body: dict[str, Any]) -> web.Response:
+async def _background(request: web.Request, body: dict[str, Any], kind: Kind) -> web.Response:
     owner, work = _caller(request)
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/responses"
     if body.get("stream"):
-        raise InvalidRequest("background responses cannot stream here; poll "
-                             "GET /v1/responses/{id}.", param="stream")
+        raise InvalidRequest(f"background calls cannot stream here; poll GET {path}/{{id}}.",
+                             param="stream")
     model = body.get("model")
     if not isinstance(model, str) or model not in request.app[SERVICE].config.models:
         raise InvalidRequest("model: not served by this proxy.", param="model")
     call = {k: v for k, v in body.items() if k != "background"}
     encoded = orjson.dumps(call)
     service = request.app[SERVICE]
-    parse_call(encoded, "responses", service.config.limits.body, service.counter)  # 400s now
+    parse_call(encoded, kind, service.config.limits.body, service.counter)  # 400s now
     work.check_room(len(encoded))
-    response_id = new_id("resp_")
+    response_id = new_id(CHAT_PREFIX if kind == "chat" else "resp_")
     now = int(work.clock.wall())
     doc = response_doc(response_id, now, "queued", body.get("model"))
     work.store().add_response(response_id, owner, now, encoded, orjson.dumps(doc))
     work.run_response(response_id)
-    return _json(doc)
+    answer = _json(doc)
+    answer.headers["x-proxy-background-id"] = response_id
+    return answer
 
 
 def _response(request: web.Request) -> tuple[Work, str, str, bytes]:
@@ -301,5 +308,7 @@ def add_routes(app: web.Application) -> None:
             ("GET", "/v1/batches/{batch_id}", get_batch),
             ("POST", "/v1/batches/{batch_id}/cancel", cancel_batch),
             ("GET", "/v1/responses/{response_id}", get_response),
-            ("POST", "/v1/responses/{response_id}/cancel", cancel_response)):
+            ("POST", "/v1/responses/{response_id}/cancel", cancel_response),
+            ("GET", "/v1/chat/completions/{response_id}", get_response),
+            ("POST", "/v1/chat/completions/{response_id}/cancel", cancel_response)):
         app.router.add_route(method, path, _guarded(handler))

@@ -63,7 +63,8 @@ class Exchange:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/chat/completions", "chat")
+    return await _background(request, "chat") or await forward(
+        request, "/chat/completions", "chat")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -71,13 +72,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
+    return await _background(request, "responses") or await forward(
+        request, "/responses", "responses")
+
+
+async def _background(request: web.Request, kind: Kind) -> web.StreamResponse | None:
+    """A client's call with ``background: true``: stored and answered at once."""
     raw = await request.read()
     if b'"background"' in raw and ON_BEHALF not in request.headers:  # not the proxy's own
         with contextlib.suppress(orjson.JSONDecodeError):
             body = orjson.loads(raw)
             if isinstance(body, dict) and body.get("background") is True:
-                return await create_background(request, body)
-    return await forward(request, "/responses", "responses")
+                return await create_background(request, body, kind)
+    return None
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

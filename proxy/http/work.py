@@ -27,7 +27,13 @@ import aiohttp
 import orjson
 
 from ..config import Config
-from ..core.batchdoc import error_line, output_line, request_counts, response_doc
+from ..core.batchdoc import (
+    background_path,
+    error_line,
+    output_line,
+    request_counts,
+    response_doc,
+)
 from ..core.clock import Clock
 from ..core.errors import StorageFull
 from ..core.retry import parse_retry_after
@@ -357,7 +363,7 @@ class Work:
         if not store.set_response(response_id, "in_progress", doc("in_progress"),
                                   only_if=live):
             return
-        answer = await self._answer(owner, "/v1/responses", request, response_id,
+        answer = await self._answer(owner, background_path(response_id), request, response_id,
                                     created + RESPONSE_WINDOW_S)
         if answer is None:
             store.set_response(response_id, "failed", doc("failed", error={
