@@ -11,7 +11,7 @@ every replica through one Redis (``redis.asyncio``), each change one Lua script
   heartbeat (every second, or a third of the TTL) is the safety sweep: it finds grants
   whose wake was lost, waiters Redis lost, slots of dead replicas, and open breakers.
 - When Redis cannot be reached the proxy does what ``on_error`` says (a per-replica share
-  of each limit, or 503) and goes back to shared mode on the first heartbeat that works.
+  of each limit, or 503), and is back in shared mode two heartbeats after Redis is.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..core.errors import StateUnavailable
 from ..core.limits import ProviderLimits
 from . import scripts
 from .base import Hooks, Lease, replica_id
+from .batcher import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,6 @@ class _Waiter:
     rank: int
     arrived: float  # on this replica's monotonic clock
     future: asyncio.Future[bool]  # True: granted; False: go on without Redis
-
-
-def provider_of(member: str) -> str:
-    return member.split("|", 2)[2]
 
 
 class RedisState:
@@ -75,7 +72,6 @@ class RedisState:
         self._blocking = Redis.from_url(
             settings.url, socket_timeout=self.beat_s + COMMAND_TIMEOUT_S + 1.0,
             socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
-        self._batch = self._redis.register_script(scripts.BATCH)
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
         self._rate = self._redis.register_script(scripts.RATE)
         self._cut = self._redis.register_script(scripts.CUT)
@@ -84,10 +80,11 @@ class RedisState:
         self._unwritten: set[str] = set()  # held leases Redis has not seen (noted without it)
         self._waiting: dict[str, _Waiter] = {}
         self._unreleased: dict[str, str] = {}  # releases Redis did not take: sent again
-        # Asked for and given back since the last batch went (one round trip per batch).
-        self._acquires: list[tuple[list[str | int], asyncio.Future[int]]] = []
-        self._releases: list[tuple[str, str]] = []  # (provider, member)
-        self._sender: asyncio.Task[None] | None = None
+        self._batcher = Batcher(self._redis.register_script(scripts.BATCH), self._p,
+                                self._ttl_ms, lambda: self._limits, self._batch_failed,
+                                REDIS_ERRORS)
+        self._ask = self._batcher.ask
+        self._give_back = self._batcher.give_back
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
         self._local_rates: dict[str, ProviderLimits] = {}
@@ -119,7 +116,8 @@ class RedisState:
         unreleased, self._unreleased = self._unreleased, {}
         for member, provider in unreleased.items():
             self._give_back(member, provider)
-        pending = [*self._tasks, *([self._sender] if self._sender is not None else [])]
+        sender = self._batcher.sender
+        pending = [*self._tasks, *([sender] if sender is not None else [])]
         if pending:
             await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
         with contextlib.suppress(*REDIS_ERRORS):
@@ -218,53 +216,12 @@ class RedisState:
             self._held[member] = waiter.provider
             waiter.future.set_result(True)
         elif member not in self._held:  # granted to a call that is gone: straight back
-            self._give_back(member, provider_of(member))
+            self._give_back(member, member.split("|", 2)[2])  # replica|n|provider
 
-    def _ask(self, provider: str, member: str, limit: int, rank: int,
-             waited_ms: int) -> asyncio.Future[int]:
-        """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch)."""
-        future = asyncio.get_running_loop().create_future()
-        self._acquires.append(([provider, member, limit, rank, waited_ms], future))
-        self._send_soon()
-        return future
-
-    def _give_back(self, member: str, provider: str) -> None:
-        if any(asked[1] == member for asked, _ in self._acquires):  # never sent: unask
-            for asked, future in self._acquires:
-                if asked[1] == member:
-                    future.cancel()
-            self._acquires = [a for a in self._acquires if a[0][1] != member]
-        self._releases.append((provider, member))
-        self._send_soon()
-
-    def _send_soon(self) -> None:
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.ensure_future(self._send_batches())
-
-    async def _send_batches(self) -> None:
-        """One batch in flight at a time; what is asked meanwhile goes in the next one."""
-        while self._acquires or self._releases:
-            acquires, self._acquires = self._acquires, []
-            releases, self._releases = self._releases, []
-            args: list[str | int] = [self._p, self._ttl_ms, len(releases)]
-            for provider, member in releases:
-                args += [provider, member, self._limits.get(provider, 0)]
-            args.append(len(acquires))
-            for asked, _ in acquires:
-                args += asked
-            try:
-                flags = await self._batch(args=args)
-            except REDIS_ERRORS as exc:
-                for provider, member in releases:
-                    self._unreleased[member] = provider
-                for _, future in acquires:
-                    if not future.done():
-                        future.set_exception(exc)
-                self._failed(exc)
-                continue
-            for (_, future), flag in zip(acquires, flags, strict=True):
-                if not future.done():
-                    future.set_result(int(flag))
+    def _batch_failed(self, exc: BaseException, releases: Sequence[tuple[str, str]]) -> None:
+        for provider, member in releases:
+            self._unreleased[member] = provider
+        self._failed(exc)
 
     # --- rpm / tpm ----------------------------------------------------------------------
 
@@ -439,6 +396,5 @@ class RedisState:
             "backend": "redis", "url": self.settings.shown_url, "prefix": self.settings.prefix,
             "replica": self.replica, "mode": self.mode, "replicas_alive": self.alive,
             "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
-            "waiting": len(self._waiting), "errors": self.errors,
-            "last_error": self.last_error,
+            "waiting": len(self._waiting), "errors": self.errors, "last_error": self.last_error,
         }
