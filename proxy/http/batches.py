@@ -88,7 +88,7 @@ async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
     work.check_room(len(content))
     row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename,
            "created_at": int(work.clock.wall())}
-    work.store().add_file(row, bytes(content))
+    await asyncio.to_thread(work.store().add_file, row, bytes(content))
     return _json(file_doc({**row, "bytes": len(content)}))
 
 

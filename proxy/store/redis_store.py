@@ -86,14 +86,21 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
 return 1
 """
 CHUNK = 1000
+LOOP_TIMEOUT_S = 2.0
+BULK_TIMEOUT_S = 60.0
 
 
 class RedisStore:
     def __init__(self, settings: StateSettings) -> None:
         self.path = settings.shown_url
         self._p = settings.prefix + ":work:"
-        self._r = redis.Redis.from_url(settings.url, socket_timeout=30,
-                                       socket_connect_timeout=5)
+        # Small commands on the event loop: a Redis that hangs costs the loop at most a few
+        # seconds. Large ones (files, a batch's lines, a finalization) run in worker threads
+        # on a client that waits longer.
+        self._r = redis.Redis.from_url(settings.url, socket_timeout=LOOP_TIMEOUT_S,
+                                       socket_connect_timeout=LOOP_TIMEOUT_S)
+        self._bulk = redis.Redis.from_url(settings.url, socket_timeout=BULK_TIMEOUT_S,
+                                          socket_connect_timeout=LOOP_TIMEOUT_S)
         self._take = self._r.register_script(TAKE)
         self._finish = self._r.register_script(FINISH)
         self._recover = self._r.register_script(RECOVER)
@@ -102,6 +109,7 @@ class RedisStore:
 
     def close(self) -> None:
         self._r.close()
+        self._bulk.close()
 
     def _k(self, *parts: str) -> str:
         return self._p + ":".join(parts)
@@ -118,8 +126,9 @@ class RedisStore:
     # --- files ---------------------------------------------------------------------------
 
     def add_file(self, row: dict[str, Any], content: bytes) -> None:
+        """In a worker thread: up to ``max_file_bytes``."""
         file_id, owner = row["id"], row["owner"]
-        pipe = self._r.pipeline()
+        pipe = self._bulk.pipeline()
         pipe.hset(self._k("file", file_id), mapping={
             "owner": owner, "purpose": row["purpose"], "filename": row["filename"],
             "bytes": len(content), "created_at": row["created_at"]})
@@ -143,9 +152,10 @@ class RedisStore:
         return [f for f in (self.file(i.decode(), owner) for i in ids) if f is not None]
 
     def file_content(self, file_id: str, owner: str) -> bytes | None:
+        """In a worker thread: up to ``max_file_bytes``."""
         if self.file(file_id, owner) is None:
             return None
-        return cast(bytes | None, self._r.get(self._k("fdata", file_id)))
+        return cast(bytes | None, self._bulk.get(self._k("fdata", file_id)))
 
     def delete_file(self, file_id: str, owner: str) -> bool:
         found = self.file(file_id, owner)
@@ -169,7 +179,7 @@ class RedisStore:
                   ) -> None:
         """In a worker thread: the lines first, then the batch (which makes them live)."""
         counts: dict[str, int] = {}
-        pipe = self._r.pipeline(transaction=False)
+        pipe = self._bulk.pipeline(transaction=False)
         for n, (index, custom_id, body, line_status, result) in enumerate(lines, 1):
             pipe.hset(self._lines(batch_id, "cid"), str(index), custom_id or "")
             pipe.hset(self._lines(batch_id, "status"), str(index), line_status)

@@ -104,10 +104,11 @@ class Store:
     # --- files ---------------------------------------------------------------------------
 
     def add_file(self, row: dict[str, Any], content: bytes) -> None:
-        self._db.execute(
-            "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (row["id"], row["owner"], row["purpose"], row["filename"], len(content),
-             row["created_at"], content))
+        """In a worker thread: up to ``max_file_bytes``."""
+        with self.threaded() as db:
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (row["id"], row["owner"], row["purpose"], row["filename"],
+                        len(content), row["created_at"], content))
 
     def file(self, file_id: str, owner: str) -> dict[str, Any] | None:
         found = self._db.execute(
