@@ -21,11 +21,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.config.state import StateSettings
 from proxy.core.batchfile import read_lines
 from proxy.core.clock import Clock
 from proxy.core.tokens import TokenCounter
 from proxy.http.app import build_app
 from proxy.http.state import SERVICE, WORK
+from proxy.store.redis_store import RedisStore
 
 from .conftest import config_from
 from .fakes import FakeUpstream
@@ -394,7 +396,7 @@ async def test_status_and_metrics_show_the_store_and_what_runs(start: Any) -> No
     status = await _get(proxy, "/admin/status")
     work = status["work"]
     assert work["bytes"] > 0 and work["batches"] == {"completed": 1}
-    assert work["lines"] == {"done": 2} and work["running"] == []
+    assert work["lines"] == {} and work["running"] == []  # lines: of batches in progress
     metrics = proxy.server.app[SERVICE].metrics.render().decode()
     assert 'proxy_batch_lines_total{outcome="done"} 2.0' in metrics
     assert "proxy_storage_bytes " in metrics
@@ -629,3 +631,26 @@ async def test_a_background_chat_completion_is_answered_by_id(start: Any) -> Non
     with pytest.raises(openai.BadRequestError):  # checked as a chat call before it is stored
         await client.chat.completions.create(model="m", messages="nope",  # type: ignore[arg-type]
                                              extra_body={"background": True})
+
+
+def test_a_runner_that_lost_its_lease_can_neither_answer_nor_end_lines() -> None:
+    with prefixed() as (client, prefix):
+        settings = StateSettings(backend="redis", url=URL, prefix=prefix)
+        a, b = RedisStore(settings), RedisStore(settings)
+        doc = orjson.dumps({"status": "in_progress", "finalizing_at": None,
+                            "request_counts": {"total": 2}}).decode()
+        a.add_batch("b1", "team", 1, "in_progress", doc,
+                    [(0, "x", b"{}", "pending", None), (1, "y", b"{}", "pending", None)])
+        assert a.hold_runner("A", 0, 5.0) and not b.hold_runner("B", 0, 5.0)
+        taken = a.take_lines("b1", 2)
+        assert [t[0] for t in taken] == [0, 1]
+        client.delete(f"{prefix}:work:runner")  # A stalled past its lease: B takes over
+        assert b.hold_runner("B", 0, 5.0) and b.recover("b1") == 2
+        assert not a.finish_line("b1", 0, "done", b"late") and a.take_lines("b1", 2) == []
+        assert not a.finalize("b1", "completed", 2, lambda: "file-x", lambda c, s: b"e")
+        assert [t[0] for t in b.take_lines("b1", 2)] == [0, 1]
+        assert b.finish_line("b1", 0, "done", b"ok")
+        assert b.finalize("b1", "cancelled", 2, lambda: "file-y", lambda c, s: b"e")
+        assert b.counts("b1") == {"done": 1, "cancelled": 1}  # no drift
+        a.close()
+        b.close()

@@ -215,10 +215,14 @@ async def list_batches(request: web.Request) -> web.Response:
 async def cancel_batch(request: web.Request) -> web.Response:
     work, batch_id, doc = _batch(request)
     if doc["status"] == "in_progress":
-        doc["status"] = "cancelling"
-        doc["cancelling_at"] = int(work.clock.wall())
-        work.store().save_batch(batch_id, "cancelling", orjson.dumps(doc).decode())
-        work.run_batch(batch_id)  # a running batch sees it within a second
+        cancelling = {**doc, "status": "cancelling", "cancelling_at": int(work.clock.wall())}
+        if work.store().cancel_batch(batch_id, orjson.dumps(cancelling).decode()):
+            doc = cancelling
+            work.run_batch(batch_id)  # a running batch sees it within a second
+        else:  # it ended meanwhile: as it is now
+            found = work.store().batch(batch_id)
+            assert found is not None
+            doc = orjson.loads(found[1])
     return _json(_counted(work, batch_id, doc))
 
 

@@ -9,9 +9,8 @@ costs the memory of its window. A call the proxy itself turns away (429, 5xx: th
 was long, every provider down) is tried again after a backoff until the batch's window
 ends; an answer (2xx, or the upstream's 4xx) is recorded once.
 
-Everything is in the store first: a process that stops (SIGTERM, SIGKILL) leaves its
-running lines marked running, and the next start runs them again (a line in flight when
-the process died is sent again, never lost, and answered once in the output file).
+Everything is in the store first. One process runs the work (a lease in the store); lines
+a runner left running when it stopped run again under the next (sent again, answered once).
 """
 
 from __future__ import annotations
@@ -188,8 +187,7 @@ class Work:
         shown: dict[str, object] = {
             "path": storage.path if self._store is None else self._store.path,
             "bytes": self.size_bytes(), "max_bytes": storage.max_bytes,
-            "running": sorted(self._tasks), "tier": self._tier(),
-            "max_in_flight": self.config.batch.max_in_flight}
+            "running": sorted(self._tasks), "tier": self._tier()}
         if self._store is not None:
             try:
                 shown.update(self._store.summary())
@@ -283,6 +281,8 @@ class Work:
         outcome = "completed"
         try:
             while True:
+                if not self.leading:  # another runner has it now (this one stalled)
+                    return
                 status = store.batch(batch_id)
                 if status is None or status[0] == "cancelling":  # cancelled, on any worker
                     outcome = "cancelled"

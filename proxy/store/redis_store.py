@@ -23,69 +23,12 @@ import redis
 
 from ..config.state import StateSettings
 from ..core.batchdoc import request_counts
+from .redis_scripts import CANCEL, END, FINISH, FORGET_FILE, HOLD, RECOVER, SET_RESPONSE, TAKE
 from .sqlite import FINISHED, MAX_FILES_LISTED
 
-TAKE = """
-local popped = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
-local out = {}
-for i = 1, #popped, 2 do
-  local idx = popped[i]
-  redis.call('HSET', KEYS[2], idx, 'running')
-  redis.call('SADD', KEYS[3], idx)
-  redis.call('HINCRBY', KEYS[4], 'pending', -1)
-  redis.call('HINCRBY', KEYS[4], 'running', 1)
-  out[#out + 1] = idx
-  out[#out + 1] = redis.call('HGET', KEYS[5], idx) or ''
-  out[#out + 1] = redis.call('HGET', KEYS[6], idx) or ''
-end
-return out
-"""
-# KEYS: running, status, result, body, counts. ARGV: index, status, result.
-FINISH = """
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('HINCRBY', KEYS[5], 'running', -1)
-redis.call('HINCRBY', KEYS[5], ARGV[2], 1)
-return 1
-"""
-# KEYS: running, pending, status, counts: every running line back to pending.
-RECOVER = """
-local running = redis.call('SMEMBERS', KEYS[1])
-for _, idx in ipairs(running) do
-  redis.call('ZADD', KEYS[2], tonumber(idx), idx)
-  redis.call('HSET', KEYS[3], idx, 'pending')
-end
-if #running > 0 then
-  redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[4], 'running', 0 - #running)
-  redis.call('HINCRBY', KEYS[4], 'pending', #running)
-end
-return #running
-"""
-HOLD = """
-local holder = redis.call('GET', KEYS[1])
-if not holder or holder == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-# KEYS: resp hash. ARGV: status, doc, then the statuses it may move from (none: any).
-SET_RESPONSE = """
-if #ARGV > 2 then
-  local now = redis.call('HGET', KEYS[1], 'status')
-  local ok = false
-  for i = 3, #ARGV do if now == ARGV[i] then ok = true end end
-  if not ok then return 0 end
-elseif redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
-return 1
-"""
 CHUNK = 1000
+LOADING_S = 86_400  # line keys of a batch still being loaded expire unless it completes
+FINAL_CLAIM_S = 3600  # a finalization that died half-way is tried again after this
 LOOP_TIMEOUT_S = 2.0
 BULK_TIMEOUT_S = 60.0
 
@@ -106,6 +49,10 @@ class RedisStore:
         self._recover = self._r.register_script(RECOVER)
         self._hold = self._r.register_script(HOLD)
         self._set_response = self._r.register_script(SET_RESPONSE)
+        self._end = self._r.register_script(END)
+        self._cancel = self._r.register_script(CANCEL)
+        self._forget = self._r.register_script(FORGET_FILE)
+        self.holder = ""  # the runner this process is, if it holds the lease
 
     def close(self) -> None:
         self._r.close()
@@ -121,6 +68,7 @@ class RedisStore:
         return int(cast(bytes | None, self._r.get(self._k("bytes"))) or 0)
 
     def hold_runner(self, holder: str, now: float, ttl_s: float) -> bool:
+        self.holder = holder
         return bool(self._hold(keys=[self._k("runner")], args=[holder, int(ttl_s * 1000)]))
 
     # --- files ---------------------------------------------------------------------------
@@ -165,12 +113,10 @@ class RedisStore:
         return True
 
     def _forget_file(self, file_id: str, owner: str, size: int) -> None:
-        pipe = self._r.pipeline()
-        pipe.delete(self._k("file", file_id), self._k("fdata", file_id))
-        pipe.zrem(self._k("files", owner), file_id)
-        pipe.zrem(self._k("files"), file_id)
-        pipe.decrby(self._k("bytes"), size)
-        pipe.execute()
+        del size  # read again inside the script: counted once
+        self._forget(keys=[self._k("file", file_id), self._k("fdata", file_id),
+                           self._k("files", owner), self._k("files"), self._k("bytes")],
+                     args=[file_id])
 
     # --- batches ------------------------------------------------------------------------
 
@@ -179,8 +125,12 @@ class RedisStore:
                   ) -> None:
         """In a worker thread: the lines first, then the batch (which makes them live)."""
         counts: dict[str, int] = {}
+        size = 0
+        parts = [self._lines(batch_id, part) for part in ("cid", "status", "body", "result",
+                                                          "pending", "counts")]
         pipe = self._bulk.pipeline(transaction=False)
         for n, (index, custom_id, body, line_status, result) in enumerate(lines, 1):
+            size += len(body or b"") + len(result or b"")
             pipe.hset(self._lines(batch_id, "cid"), str(index), custom_id or "")
             pipe.hset(self._lines(batch_id, "status"), str(index), line_status)
             if body is not None:
@@ -191,13 +141,19 @@ class RedisStore:
                 pipe.zadd(self._lines(batch_id, "pending"), {str(index): index})
             counts[line_status] = counts.get(line_status, 0) + 1
             if n % CHUNK == 0:
+                for key in parts:  # a load that dies half-way leaves nothing for good
+                    pipe.expire(key, LOADING_S)
                 pipe.execute()
         if counts:
             pipe.hset(self._lines(batch_id, "counts"), mapping=counts)
         pipe.execute()
-        pipe = self._r.pipeline()
+        pipe = self._bulk.pipeline()
+        for key in parts:
+            pipe.persist(key)
+        pipe.incrby(self._k("bytes"), size)
         pipe.hset(self._k("batch", batch_id), mapping={
-            "owner": owner, "created_at": created_at, "status": status, "doc": doc})
+            "owner": owner, "created_at": created_at, "status": status, "doc": doc,
+            "bytes": size})
         pipe.zadd(self._k("batches", owner), {batch_id: created_at})
         pipe.zadd(self._k("batches"), {batch_id: created_at})
         pipe.zadd(self._k("active"), {batch_id: created_at})
@@ -229,22 +185,26 @@ class RedisStore:
         found = [(i, self.batch(i)) for i in ids]
         return [i for i, b in found if b is not None and b[0] in statuses]
 
-    def save_batch(self, batch_id: str, status: str, doc: str) -> None:
-        self._r.hset(self._k("batch", batch_id), mapping={"status": status, "doc": doc})
+    def cancel_batch(self, batch_id: str, doc: str) -> bool:
+        created = self._r.hget(self._k("batch", batch_id), "created_at") or b"0"
+        return bool(self._cancel(keys=[self._k("batch", batch_id), self._k("active")],
+                                 args=[doc, batch_id, int(cast(bytes, created))]))
 
     # --- lines --------------------------------------------------------------------------
 
     def take_lines(self, batch_id: str, limit: int) -> list[tuple[int, str, bytes]]:
         keys = [self._lines(batch_id, part)
                 for part in ("pending", "status", "running", "counts", "cid", "body")]
-        flat = cast(list[bytes], self._take(keys=keys, args=[limit]))
+        flat = cast(list[bytes], self._take(keys=[*keys, self._k("runner")],
+                                            args=[limit, self.holder]))
         return [(int(flat[i]), flat[i + 1].decode(), flat[i + 2])
                 for i in range(0, len(flat), 3)]
 
     def finish_line(self, batch_id: str, index: int, status: str, result: bytes) -> bool:
         keys = [self._lines(batch_id, part)
                 for part in ("running", "status", "result", "body", "counts")]
-        return bool(self._finish(keys=keys, args=[index, status, result]))
+        return bool(self._finish(keys=[*keys, self._k("runner")],
+                                 args=[index, status, result, self.holder]))
 
     def counts(self, batch_id: str) -> dict[str, int]:
         raw = cast(dict[bytes, bytes], self._r.hgetall(self._lines(batch_id, "counts")))
@@ -259,23 +219,32 @@ class RedisStore:
                  ended: Callable[[str | None, str], bytes]) -> bool:
         """In a worker thread. Once: the first to claim the batch's end does it (a claim
         that lapses lets another finish a finalization that died half-way)."""
-        if not self._r.set(self._k("final", batch_id), 1, nx=True, ex=300):
+        if self._r.get(self._k("runner")) != self.holder.encode():
+            return False  # this runner lost its lease: the next one ends the batch
+        if not self._r.set(self._k("final", batch_id), 1, nx=True, ex=FINAL_CLAIM_S):
             return False
         found = self.batch(batch_id)
         if found is None or found[0] in FINISHED:
             return False
         status = "failed" if outcome == "completed" else outcome
-        statuses = cast(dict[bytes, bytes], self._r.hgetall(self._lines(batch_id, "status")))
-        cids = cast(dict[bytes, bytes], self._r.hgetall(self._lines(batch_id, "cid")))
-        for index, line_status in statuses.items():
-            if line_status in (b"pending", b"running"):
-                self._r.zrem(self._lines(batch_id, "pending"), index)
-                self._r.sadd(self._lines(batch_id, "running"), index)
-                self._finish(keys=[self._lines(batch_id, part) for part in (
-                    "running", "status", "result", "body", "counts")],
-                    args=[index, status, ended(cids[index].decode() or None, status)])
-                statuses[index] = status.encode()
-        results = cast(dict[bytes, bytes], self._r.hgetall(self._lines(batch_id, "result")))
+        left = [i.decode() for i in cast(list[bytes], self._bulk.zrange(
+            self._lines(batch_id, "pending"), 0, -1))]
+        left += [i.decode() for i in cast(set[bytes], self._bulk.smembers(
+            self._lines(batch_id, "running")))]
+        keys = [self._lines(batch_id, part) for part in ("pending", "running", "status",
+                                                         "result", "body", "counts")]
+        for at in range(0, len(left), CHUNK):
+            chunk = left[at:at + CHUNK]
+            cids = cast(list[bytes | None], self._bulk.hmget(self._lines(batch_id, "cid"),
+                                                             chunk))
+            args: list[Any] = [status]
+            for index, cid in zip(chunk, cids, strict=True):
+                args += [index, ended((cid or b"").decode() or None, status)]
+            self._end(keys=keys, args=args)
+        statuses = cast(dict[bytes, bytes], self._bulk.hgetall(self._lines(batch_id,
+                                                                           "status")))
+        results = cast(dict[bytes, bytes], self._bulk.hgetall(self._lines(batch_id,
+                                                                          "result")))
         doc = orjson.loads(found[1])
         doc["finalizing_at"] = doc["finalizing_at"] or now
         for field, kinds, suffix in (("output_file_id", (b"done",), "output"),
@@ -308,6 +277,8 @@ class RedisStore:
             "owner": owner, "created_at": created_at, "status": "queued", "request": request,
             "result": doc})
         pipe.zadd(self._k("responses"), {response_id: created_at})
+        pipe.zadd(self._k("live"), {response_id: created_at})  # queued or in progress
+        pipe.incrby(self._k("bytes"), len(request) + len(doc))
         pipe.execute()
 
     def response(self, response_id: str, owner: str | None = None) -> tuple[str, bytes] | None:
@@ -328,58 +299,72 @@ class RedisStore:
 
     def set_response(self, response_id: str, status: str, doc: bytes,
                      only_if: Sequence[str] = ()) -> bool:
-        return bool(self._set_response(keys=[self._k("resp", response_id)],
+        done = bool(self._set_response(keys=[self._k("resp", response_id)],
                                        args=[status, doc, *only_if]))
+        if done and status in FINISHED:
+            self._r.zrem(self._k("live"), response_id)
+        return done
 
     def responses_with_status(self, statuses: Sequence[str]) -> list[str]:
-        ids = [i.decode() for i in cast(list[bytes], self._r.zrange(self._k("responses"),
-                                                                     0, -1))]
-        return [i for i in ids if (found := self.response(i)) and found[0] in statuses]
+        """Among the live ones (queued, in progress): those in ``statuses``."""
+        ids = [i.decode() for i in cast(list[bytes], self._r.zrange(self._k("live"), 0, -1))]
+        pipe = self._r.pipeline(transaction=False)
+        for response_id in ids:
+            pipe.hget(self._k("resp", response_id), "status")
+        return [i for i, status in zip(ids, pipe.execute(), strict=True)
+                if status is not None and status.decode() in statuses]
 
     def summary(self) -> dict[str, dict[str, int]]:
-        batches: dict[str, int] = {}
-        lines: dict[str, int] = {}
-        for batch_id in cast(list[bytes], self._r.zrange(self._k("batches"), 0, -1)):
-            found = self.batch(batch_id.decode())
-            if found is not None:
-                batches[found[0]] = batches.get(found[0], 0) + 1
-                for status, n in self.counts(batch_id.decode()).items():
-                    lines[status] = lines.get(status, 0) + n
-        responses: dict[str, int] = {}
-        for response_id in cast(list[bytes], self._r.zrange(self._k("responses"), 0, -1)):
-            found_response = self.response(response_id.decode())
-            if found_response is not None:
-                responses[found_response[0]] = responses.get(found_response[0], 0) + 1
-        return {"batches": batches, "responses": responses, "lines": lines}
+        """Batches and responses by status, lines of the batches in progress by status (one
+        pipelined round trip each)."""
+        shown: dict[str, dict[str, int]] = {"batches": {}, "responses": {}, "lines": {}}
+        for name, index, key in (("batches", "batches", "batch"),
+                                 ("responses", "responses", "resp")):
+            pipe = self._r.pipeline(transaction=False)
+            for raw in cast(list[bytes], self._r.zrange(self._k(index), 0, -1)):
+                pipe.hget(self._k(key, raw.decode()), "status")
+            for status in pipe.execute():
+                if status is not None:
+                    shown[name][status.decode()] = shown[name].get(status.decode(), 0) + 1
+        for batch_id in cast(list[bytes], self._r.zrange(self._k("active"), 0, -1)):
+            for status, n in self.counts(batch_id.decode()).items():
+                shown["lines"][status] = shown["lines"].get(status, 0) + n
+        return shown
 
     def forget_before(self, created_at: int) -> int:
+        """Finished batches (and lines), files and finished responses created before
+        ``created_at`` (UNLINK: freed off Redis' main thread); their bytes are uncounted."""
         gone = 0
         for raw in cast(list[bytes], self._r.zrangebyscore(self._k("batches"), "-inf",
                                                            f"({created_at}")):
             batch_id = raw.decode()
-            found = self.batch(batch_id)
-            if found is not None and found[0] not in FINISHED:
+            meta = cast(list[bytes | None], self._r.hmget(self._k("batch", batch_id),
+                                                          ["status", "owner", "bytes"]))
+            if meta[0] is not None and meta[0].decode() not in FINISHED:
                 continue
-            self._r.delete(self._k("batch", batch_id), self._k("final", batch_id),
-                           *(self._lines(batch_id, part) for part in (
-                               "cid", "body", "status", "result", "pending", "running",
-                               "counts")))
+            if self._r.delete(self._k("batch", batch_id)):  # once, whoever else forgets it
+                self._r.decrby(self._k("bytes"), int(meta[2] or 0))
+            self._r.unlink(self._k("final", batch_id), *(self._lines(batch_id, part) for part in (
+                "cid", "body", "status", "result", "pending", "running", "counts")))
             self._r.zrem(self._k("batches"), batch_id)
-            if found is not None:
-                self._r.zrem(self._k("batches", found[2]), batch_id)
+            if meta[1] is not None:
+                self._r.zrem(self._k("batches", meta[1].decode()), batch_id)
             gone += 1
         for raw in cast(list[bytes], self._r.zrangebyscore(self._k("files"), "-inf",
                                                            f"({created_at}")):
-            file_id = raw.decode()
-            meta = cast(dict[bytes, bytes], self._r.hgetall(self._k("file", file_id)))
-            self._forget_file(file_id, meta.get(b"owner", b"").decode(),
-                              int(meta.get(b"bytes", b"0")))
+            owner = cast(bytes | None, self._r.hget(self._k("file", raw.decode()), "owner"))
+            self._forget_file(raw.decode(), (owner or b"").decode(), 0)
             gone += 1
         for raw in cast(list[bytes], self._r.zrangebyscore(self._k("responses"), "-inf",
                                                            f"({created_at}")):
-            found_response = self.response(raw.decode())
-            if found_response is None or found_response[0] in FINISHED:
-                self._r.delete(self._k("resp", raw.decode()))
-                self._r.zrem(self._k("responses"), raw)
-                gone += 1
+            key = self._k("resp", raw.decode())
+            meta = cast(list[bytes | None], self._r.hmget(key, ["status", "request",
+                                                                "result"]))
+            if meta[0] is not None and meta[0].decode() not in FINISHED:
+                continue
+            if self._r.delete(key):
+                self._r.decrby(self._k("bytes"), len(meta[1] or b"") + len(meta[2] or b""))
+            self._r.zrem(self._k("responses"), raw)
+            self._r.zrem(self._k("live"), raw)
+            gone += 1
         return gone

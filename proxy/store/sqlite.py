@@ -178,9 +178,11 @@ class Store:
             f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY created_at",
             tuple(statuses)).fetchall()]
 
-    def save_batch(self, batch_id: str, status: str, doc: str) -> None:
-        self._db.execute("UPDATE batches SET status = ?, doc = ? WHERE id = ?",
-                         (status, doc, batch_id))
+    def cancel_batch(self, batch_id: str, doc: str) -> bool:
+        """Mark an in-progress batch cancelling (False: it had ended meanwhile)."""
+        return self._db.execute(
+            "UPDATE batches SET status = 'cancelling', doc = ? WHERE id = ? AND "
+            "status = 'in_progress'", (doc, batch_id)).rowcount > 0
 
     # --- lines --------------------------------------------------------------------------
 
@@ -291,10 +293,15 @@ class Store:
             tuple(statuses)).fetchall()]
 
     def summary(self) -> dict[str, dict[str, int]]:
-        """How many batches, background responses and batch lines there are, by status."""
-        return {table: {row[0]: row[1] for row in self._db.execute(
-                    f"SELECT status, COUNT(*) FROM {table} GROUP BY status").fetchall()}
-                for table in ("batches", "responses", "lines")}
+        """Batches and background responses by status, and the lines of the batches in
+        progress by status."""
+        shown = {table: {row[0]: row[1] for row in self._db.execute(
+                     f"SELECT status, COUNT(*) FROM {table} GROUP BY status").fetchall()}
+                 for table in ("batches", "responses")}
+        shown["lines"] = dict(self._db.execute(
+            "SELECT status, COUNT(*) FROM lines WHERE batch_id IN (SELECT id FROM batches "
+            "WHERE status IN ('in_progress', 'cancelling')) GROUP BY status").fetchall())
+        return shown
 
     # --- retention ----------------------------------------------------------------------
 
