@@ -25,7 +25,6 @@ from ..core.batchdoc import (
 from ..core.batchfile import ENDPOINTS, read_lines
 from ..core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ..core.request import Kind, parse_call
-from ..store import STORE_ERRORS
 from .state import SERVICE, WORK
 from .work import Work, new_id
 
@@ -235,7 +234,7 @@ async def create_background(request: web.Request, body: dict[str, Any],
     fetched with ``GET`` on the same path and the id."""
     try:
         return await _background(request, body, kind)
-    except STORE_ERRORS:
+    except request.app[WORK].errors:
         log.warning("work that can wait: the store failed", exc_info=True)
         raise StorageUnavailable() from None
 
@@ -295,7 +294,7 @@ def _guarded(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except STORE_ERRORS:
+        except request.app[WORK].errors:
             log.warning("work that can wait: the store failed", exc_info=True)
             raise StorageUnavailable() from None
 

@@ -20,27 +20,23 @@ import contextlib
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from ..config import Config
-from ..core.batchdoc import (
-    background_path,
-    error_line,
-    output_line,
-    request_counts,
-    response_doc,
-)
+from ..core.batchdoc import background_path, error_line, output_line, request_counts, response_doc
 from ..core.clock import Clock
 from ..core.errors import StorageFull
 from ..core.retry import parse_retry_after
-from ..store import STORE_ERRORS
-from ..store.redis_store import RedisStore
-from ..store.sqlite import Store
+from ..store import open_store, store_errors
 from .auth import ON_BEHALF
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..store.redis_store import RedisStore
+    from ..store.sqlite import Store
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +64,7 @@ class Work:
         self.clock = clock
         self._token = token
         self._store: Store | RedisStore | None = None
+        self.errors = store_errors(config.state.backend == "redis")
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
         self._session: aiohttp.ClientSession | None = None
         self._janitor: asyncio.Task[None] | None = None
@@ -96,8 +93,7 @@ class Work:
         """The store, opened on first use (a proxy that never gets such work writes no
         file): SQLite, or Redis with the redis state backend (shared by every replica)."""
         if self._store is None:
-            self._store = (RedisStore(self.config.state) if self.config.state.backend == "redis"
-                           else Store(self.config.storage.path))
+            self._store = open_store(self.config)
             self._janitor = asyncio.ensure_future(self._forget_old())
         return self._store
 
@@ -128,7 +124,7 @@ class Work:
                 self.run_batch(batch_id)
             for response_id in store.responses_with_status(("queued", "in_progress")):
                 self.run_response(response_id)
-        except STORE_ERRORS as exc:  # tried again in a second
+        except self.errors as exc:  # tried again in a second
             log.warning("work that can wait: the store is unavailable (%s)", exc)
 
     async def close(self) -> None:
@@ -155,14 +151,14 @@ class Work:
             return 0
         try:
             return self._store.size_bytes()
-        except STORE_ERRORS:
+        except self.errors:
             return 0
 
     def running(self) -> list[dict[str, object]]:
         """The batches in progress (or being cancelled), oldest first, with their counts."""
         try:
             return self._running()
-        except STORE_ERRORS:
+        except self.errors:
             return []
 
     def _running(self) -> list[dict[str, object]]:
@@ -191,7 +187,7 @@ class Work:
         if self._store is not None:
             try:
                 shown.update(self._store.summary())
-            except STORE_ERRORS as exc:
+            except self.errors as exc:
                 shown["error"] = f"{type(exc).__name__}: {exc}"[:200]
         return shown
 
@@ -200,7 +196,7 @@ class Work:
             cutoff = self.clock.wall() - self.config.batch.retention_days * 86400
             try:
                 gone = self.store().forget_before(int(cutoff))
-            except STORE_ERRORS as exc:
+            except self.errors as exc:
                 log.warning("work that can wait: retention skipped (%s)", exc)
                 gone = 0
             if gone:
@@ -266,7 +262,7 @@ class Work:
     async def _run_batch(self, batch_id: str) -> None:
         try:
             await self._run_batch_once(batch_id)
-        except STORE_ERRORS as exc:  # the lead loop starts it again once the store is back
+        except self.errors as exc:  # the lead loop starts it again once the store is back
             log.warning("batch %s: stopped, the store is unavailable (%s)", batch_id, exc)
 
     async def _run_batch_once(self, batch_id: str) -> None:
@@ -344,7 +340,7 @@ class Work:
     async def _run_response(self, response_id: str) -> None:
         try:
             await self._run_response_once(response_id)
-        except STORE_ERRORS as exc:  # the lead loop starts it again once the store is back
+        except self.errors as exc:  # the lead loop starts it again once the store is back
             log.warning("response %s: stopped, the store is unavailable (%s)", response_id,
                         exc)
 

@@ -4,8 +4,32 @@ responses (SQLite, the embedded default; Redis with the redis state backend)."""
 from __future__ import annotations
 
 import sqlite3
+from typing import TYPE_CHECKING
 
-import redis
+from ..config import Config
+from .sqlite import Store
 
-# What a store's operations raise when the store cannot be used (Redis away, disk trouble).
-STORE_ERRORS = (redis.RedisError, sqlite3.Error, OSError)
+if TYPE_CHECKING:
+    from .redis_store import RedisStore
+
+Errors = tuple[type[BaseException], ...]
+
+
+def open_store(config: Config) -> Store | RedisStore:
+    """SQLite at ``storage.path``, or Redis with the redis state backend (its client is
+    imported only by a proxy that uses it)."""
+    if config.state.backend == "redis":
+        from .redis_store import RedisStore
+
+        return RedisStore(config.state)
+    return Store(config.storage.path)
+
+
+def store_errors(redis_backend: bool) -> Errors:
+    """What a store's operations raise when it cannot be used (Redis away, disk trouble).
+    Redis' client is imported only by a proxy that uses it."""
+    if not redis_backend:
+        return (sqlite3.Error, OSError)
+    from redis.exceptions import RedisError
+
+    return (RedisError, sqlite3.Error, OSError)
