@@ -44,6 +44,7 @@ class Call:
     prompt_tokens: int = 0
     last_user_message: str = ""
     previous_response_id: str | None = None  # responses: the answer this call continues
+    background: bool = False  # chat, responses: stored, answered at once, run later
 
     @property
     def generates(self) -> bool:
@@ -90,6 +91,7 @@ def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
     call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1
     call.prompt_tokens = counter.count_messages(messages, exact)
     call.last_user_message = counter.last_user_message(messages)
+    call.background = call.body.get("background") is True
 
 
 def _completions(call: Call, counter: TokenCounter, exact: int) -> None:
@@ -114,9 +116,7 @@ def _responses(call: Call, counter: TokenCounter, exact: int) -> None:
     if previous is not None and (not isinstance(previous, str) or len(previous) > 256):
         raise InvalidRequest("'previous_response_id' must be a response id.",
                              param="previous_response_id")
-    if body.get("background"):
-        raise InvalidRequest("background: not allowed on a call the proxy makes itself.",
-                             param="background")
+    call.background = body.get("background") is True
     call.max_tokens = _positive_int(body, "max_output_tokens")
     call.previous_response_id = previous
     items = [{"role": "user", "content": value}] if isinstance(value, str) else value or []

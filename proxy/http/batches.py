@@ -24,7 +24,7 @@ from ..core.batchdoc import (
 )
 from ..core.batchfile import ENDPOINTS, read_lines
 from ..core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
-from ..core.request import Kind, parse_call
+from ..core.request import Call
 from .state import SERVICE, WORK
 from .work import Work, new_id
 
@@ -227,35 +227,30 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 # --- background responses ---------------------------------------------------------------
 
-async def create_background(request: web.Request, body: dict[str, Any],
-                            kind: Kind = "responses") -> web.Response:
-    """``POST /v1/responses`` with ``background: true`` (and, an extension, the same on
-    ``/v1/chat/completions``): stored, answered at once with its id, run in the batch tier,
-    fetched with ``GET`` on the same path and the id."""
+async def create_background(request: web.Request, owner: str, call: Call) -> web.Response:
+    """A checked ``POST /v1/responses`` with ``background: true`` (and, an extension, the
+    same on ``/v1/chat/completions``): stored, answered at once with its id, run in the
+    batch tier, fetched with ``GET`` on the same path and the id."""
     try:
-        return await _background(request, body, kind)
+        return await _background(request, owner, call)
     except request.app[WORK].errors:
         log.warning("work that can wait: the store failed", exc_info=True)
         raise StorageUnavailable() from None
 
 
-async def _background(request: web.Request, body: dict[str, Any], kind: Kind) -> web.Response:
-    owner, work = _caller(request)
-    path = "/v1/chat/completions" if kind == "chat" else "/v1/responses"
-    if body.get("stream"):
+async def _background(request: web.Request, owner: str, call: Call) -> web.Response:
+    work = request.app[WORK]
+    path = "/v1/chat/completions" if call.kind == "chat" else "/v1/responses"
+    if call.stream:
         raise InvalidRequest(f"background calls cannot stream here; poll GET {path}/{{id}}.",
                              param="stream")
-    model = body.get("model")
-    if not isinstance(model, str) or model not in request.app[SERVICE].config.models:
+    if call.model not in request.app[SERVICE].config.models:
         raise InvalidRequest("model: not served by this proxy.", param="model")
-    call = {k: v for k, v in body.items() if k != "background"}
-    encoded = orjson.dumps(call)
-    service = request.app[SERVICE]
-    parse_call(encoded, kind, service.config.limits.body, service.counter)  # 400s now
+    encoded = orjson.dumps({k: v for k, v in call.body.items() if k != "background"})
     work.check_room(len(encoded))
-    response_id = new_id(CHAT_PREFIX if kind == "chat" else "resp_")
+    response_id = new_id(CHAT_PREFIX if call.kind == "chat" else "resp_")
     now = int(work.clock.wall())
-    doc = response_doc(response_id, now, "queued", body.get("model"))
+    doc = response_doc(response_id, now, "queued", call.model)
     work.store().add_response(response_id, owner, now, encoded, orjson.dumps(doc))
     work.run_response(response_id)
     answer = _json(doc)

@@ -9,7 +9,6 @@ this module only does the I/O and reports what happened.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import orjson
@@ -27,7 +26,7 @@ from ..core.attempts import (
     Wait,
 )
 from ..core.classify import RequestFacts, upstream_service_tier
-from ..core.errors import BudgetExceeded, ShuttingDown, UpstreamError
+from ..core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
 from ..core.fleet import Verdict
 from ..core.plan import Plan
 from ..core.request import Call, Kind
@@ -63,8 +62,7 @@ class Exchange:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _background(request, "chat") or await forward(
-        request, "/chat/completions", "chat")
+    return await forward(request, "/chat/completions", "chat")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -72,19 +70,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    return await _background(request, "responses") or await forward(
-        request, "/responses", "responses")
-
-
-async def _background(request: web.Request, kind: Kind) -> web.StreamResponse | None:
-    """A client's call with ``background: true``: stored and answered at once."""
-    raw = await request.read()
-    if b'"background"' in raw and ON_BEHALF not in request.headers:  # not the proxy's own
-        with contextlib.suppress(orjson.JSONDecodeError):
-            body = orjson.loads(raw)
-            if isinstance(body, dict) and body.get("background") is True:
-                return await create_background(request, body, kind)
-    return None
+    return await forward(request, "/responses", "responses")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -99,6 +85,11 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
     record.key = principal.name
     call = await read_call(request, kind, service.config.limits.body, service.counter)
     record.model = call.model
+    if call.background:  # stored and answered at once; the proxy's own calls never are
+        if ON_BEHALF in request.headers:
+            raise InvalidRequest("background: not allowed on a call the proxy makes itself.",
+                                 param="background")
+        return await create_background(request, principal.name, call)
     facts = RequestFacts(
         headers=request.headers,
         model=call.model,
