@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,16 +257,20 @@ class Work:
             if again:
                 log.warning("batch %s: %d lines were left running; they run again",
                             batch_id, again)
-            task = self._tasks[batch_id] = asyncio.ensure_future(self._run_batch(batch_id))
-            task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
+            self._start(batch_id, self._run_batch)
+
+    def _start(self, work_id: str, run: Callable[[str], Awaitable[None]]) -> None:
+        """Run ``run(work_id)`` as the one task for that batch or response."""
+        task = self._tasks[work_id] = asyncio.ensure_future(self._survive(work_id, run))
+        task.add_done_callback(lambda _: self._tasks.pop(work_id, None))
+
+    async def _survive(self, work_id: str, run: Callable[[str], Awaitable[None]]) -> None:
+        try:
+            await run(work_id)
+        except self.errors as exc:  # the lead loop starts it again once the store is back
+            log.warning("%s: stopped, the store is unavailable (%s)", work_id, exc)
 
     async def _run_batch(self, batch_id: str) -> None:
-        try:
-            await self._run_batch_once(batch_id)
-        except self.errors as exc:  # the lead loop starts it again once the store is back
-            log.warning("batch %s: stopped, the store is unavailable (%s)", batch_id, exc)
-
-    async def _run_batch_once(self, batch_id: str) -> None:
         store = self.store()
         found = store.batch(batch_id)
         if found is None:
@@ -328,9 +333,7 @@ class Work:
 
     def run_response(self, response_id: str) -> None:
         if response_id not in self._tasks:
-            task = self._tasks[response_id] = asyncio.ensure_future(
-                self._run_response(response_id))
-            task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+            self._start(response_id, self._run_response)
 
     def cancel_response(self, response_id: str) -> None:
         task = self._tasks.get(response_id)
@@ -338,13 +341,6 @@ class Work:
             task.cancel()
 
     async def _run_response(self, response_id: str) -> None:
-        try:
-            await self._run_response_once(response_id)
-        except self.errors as exc:  # the lead loop starts it again once the store is back
-            log.warning("response %s: stopped, the store is unavailable (%s)", response_id,
-                        exc)
-
-    async def _run_response_once(self, response_id: str) -> None:
         store = self.store()
         found = store.response_request(response_id)
         if found is None:

@@ -159,14 +159,20 @@ class RedisStore:
         pipe.zadd(self._k("active"), {batch_id: created_at})
         pipe.execute()
 
+    def _fields(self, key: str, names: list[str], owner: str | None) -> list[bytes] | None:
+        """``names`` of a hash whose last is its owner; None if one is missing or the
+        owner is not ``owner`` (when given)."""
+        found = cast(list[bytes | None], self._r.hmget(key, names))
+        if any(value is None for value in found):
+            return None
+        if owner is not None and cast(bytes, found[-1]).decode() != owner:
+            return None
+        return cast(list[bytes], found)
+
     def batch(self, batch_id: str, owner: str | None = None) -> tuple[str, str, str] | None:
-        found = cast(list[bytes | None], self._r.hmget(self._k("batch", batch_id),
-                                                       ["status", "doc", "owner"]))
-        if found[0] is None or found[1] is None or found[2] is None:
-            return None
-        if owner is not None and found[2].decode() != owner:
-            return None
-        return found[0].decode(), found[1].decode(), found[2].decode()
+        found = self._fields(self._k("batch", batch_id), ["status", "doc", "owner"], owner)
+        return None if found is None else (found[0].decode(), found[1].decode(),
+                                           found[2].decode())
 
     def batches(self, owner: str, after: str | None, limit: int) -> list[str]:
         key = self._k("batches", owner)
@@ -282,20 +288,14 @@ class RedisStore:
         pipe.execute()
 
     def response(self, response_id: str, owner: str | None = None) -> tuple[str, bytes] | None:
-        found = cast(list[bytes | None], self._r.hmget(self._k("resp", response_id),
-                                                       ["status", "result", "owner"]))
-        if found[0] is None or found[1] is None or found[2] is None:
-            return None
-        if owner is not None and found[2].decode() != owner:
-            return None
-        return found[0].decode(), found[1]
+        found = self._fields(self._k("resp", response_id), ["status", "result", "owner"],
+                             owner)
+        return None if found is None else (found[0].decode(), found[1])
 
     def response_request(self, response_id: str) -> tuple[str, int, bytes] | None:
-        found = cast(list[bytes | None], self._r.hmget(self._k("resp", response_id),
-                                                       ["owner", "created_at", "request"]))
-        if found[0] is None or found[1] is None or found[2] is None:
-            return None
-        return found[0].decode(), int(found[1]), found[2]
+        found = self._fields(self._k("resp", response_id), ["created_at", "request", "owner"],
+                             None)
+        return None if found is None else (found[2].decode(), int(found[0]), found[1])
 
     def set_response(self, response_id: str, status: str, doc: bytes,
                      only_if: Sequence[str] = ()) -> bool:
