@@ -100,6 +100,14 @@ async def start(request: pytest.FixtureRequest, aiohttp_server: Factory, counter
         yield make
 
 
+async def submit(client: openai.AsyncOpenAI, data: bytes, window: str = "24h") -> Any:
+    """Upload ``data`` and run it as a chat completions batch."""
+    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+    return await client.batches.create(input_file_id=uploaded.id,
+                                       endpoint="/v1/chat/completions",
+                                       completion_window=window)  # type: ignore[arg-type]
+
+
 async def finished(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 20) -> Any:
     async with asyncio.timeout(timeout):
         while True:
@@ -148,10 +156,7 @@ async def test_a_batch_through_the_sdk_answers_every_line_once(start: Any) -> No
 async def test_lines_run_in_the_batch_tier_as_the_owner(start: Any) -> None:
     proxy = await start(tier="low")
     client = proxy.sdk()
-    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))),
-                                         purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line("a")]))
     await finished(client, batch.id)
     assert proxy.upstream.seen[-1].headers["X-Request-ID"].startswith("batch_req_")
     metrics = proxy.server.app[SERVICE].metrics.render().decode()
@@ -166,9 +171,7 @@ async def test_malformed_lines_go_to_the_error_file_and_the_rest_run(start: Any)
                                         "url": "/v1/chat/completions"},
                   chat_line("good-1"),
                   {**chat_line("wrong-url"), "url": "/v1/embeddings"}]) + b"not json\n"
-    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, data)
     done = await finished(client, batch.id)
     assert done.request_counts.total == 5
     assert (done.request_counts.completed, done.request_counts.failed) == (1, 4)
@@ -184,11 +187,7 @@ async def test_an_upstream_refusal_is_recorded_in_the_error_file(start: Any) -> 
     upstream = FakeUpstream(script=collections.deque(["400"]))
     proxy = await start(upstream)
     client = proxy.sdk()
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line("bad"), chat_line("ok")]))),
-        purpose="batch", )
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line("bad"), chat_line("ok")]))
     done = await finished(client, batch.id)
     errors = by_custom_id((await client.files.content(done.error_file_id)).content)
     assert errors["bad"]["response"]["status_code"] == 400
@@ -199,30 +198,24 @@ async def test_an_upstream_refusal_is_recorded_in_the_error_file(start: Any) -> 
 async def test_other_keys_cannot_see_files_or_batches(start: Any) -> None:
     proxy = await start()
     team, other = proxy.sdk(), proxy.sdk("other-key")
-    uploaded = await team.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))),
-                                       purpose="batch")
-    batch = await team.batches.create(input_file_id=uploaded.id,
-                                      endpoint="/v1/chat/completions", completion_window="24h")
-    for call in (other.files.retrieve(uploaded.id), other.files.content(uploaded.id),
+    batch = await submit(team, jsonl([chat_line("a")]))
+    file_id = batch.input_file_id
+    for call in (other.files.retrieve(file_id), other.files.content(file_id),
                  other.batches.retrieve(batch.id), other.batches.cancel(batch.id)):
         with pytest.raises(openai.NotFoundError):
             await call
     with pytest.raises(openai.BadRequestError):
-        await other.batches.create(input_file_id=uploaded.id,
+        await other.batches.create(input_file_id=file_id,
                                    endpoint="/v1/chat/completions", completion_window="24h")
     assert (await other.batches.list()).data == []
     with pytest.raises(openai.AuthenticationError):
-        await proxy.sdk("wrong").files.retrieve(uploaded.id)
+        await proxy.sdk("wrong").files.retrieve(file_id)
 
 
 async def test_cancel_stops_the_batch_and_reports_the_lines_not_run(start: Any) -> None:
     proxy = await start(FakeUpstream(hold_s=0.3))
     client = proxy.sdk()
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"c{i}") for i in range(30)]))),
-        purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line(f"c{i}") for i in range(30)]))
     await asyncio.sleep(0.5)
     cancelling = await client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
@@ -241,11 +234,7 @@ async def test_lines_not_run_by_the_end_of_the_window_expire(start: Any) -> None
     clock = FakeClock()
     proxy = await start(FakeUpstream(hold_s=0.2), clock=clock, max_in_flight=1)
     client = proxy.sdk()
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"e{i}") for i in range(10)]))),
-        purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="1h")
+    batch = await submit(client, jsonl([chat_line(f"e{i}") for i in range(10)]), "1h")
     await asyncio.sleep(0.3)
     clock.offset += 3600  # the window ends
     done = await finished(client, batch.id)
@@ -387,11 +376,7 @@ storage: {{path: work.db}}
 async def test_status_and_metrics_show_the_store_and_what_runs(start: Any) -> None:
     proxy = await start()
     client = proxy.sdk()
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line("s1"), chat_line("s2")]))),
-        purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line("s1"), chat_line("s2")]))
     await finished(client, batch.id)
     status = await _get(proxy, "/admin/status")
     work = status["work"]
@@ -422,10 +407,7 @@ async def test_past_storage_max_bytes_uploads_are_refused(start: Any) -> None:
 async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> None:
     proxy = await start()
     client = proxy.sdk()
-    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("r")]))),
-                                         purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line("r")]))
     done = await finished(client, batch.id)
     store = proxy.work.store()
     assert store.forget_before(done.created_at) == 0  # nothing older yet
@@ -439,11 +421,7 @@ async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> Non
 async def test_the_dashboards_feed_lists_the_batches_running(start: Any) -> None:
     proxy = await start(FakeUpstream(hold_s=0.2), max_in_flight=1)
     client = proxy.sdk()
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"d{i}") for i in range(10)]))),
-        purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line(f"d{i}") for i in range(10)]))
     history = await _get(proxy, "/admin/history")
     [shown] = history["batches"]
     assert (shown["id"], shown["owner"], shown["status"], shown["total"]) == (
@@ -458,10 +436,7 @@ async def test_a_line_turned_away_until_the_window_ends_is_answered_expired(
     clock = FakeClock()
     proxy = await start(FakeUpstream(default="500"), clock=clock)
     client = proxy.sdk()
-    uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(jsonl([chat_line("z")]))),
-                                         purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="1m")
+    batch = await submit(client, jsonl([chat_line("z")]), "1m")
     clock.offset += 59.5  # the line's next try would come after the window
     done = await finished(client, batch.id)
     rows = by_custom_id((await client.files.content(done.error_file_id)).content)
@@ -591,11 +566,7 @@ async def test_urgent_calls_keep_their_waits_while_thousands_of_lines_run(
     await proxy.app[WORK].start(str(proxy.make_url("")))
     client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x",
                                 max_retries=0)
-    uploaded = await client.files.create(
-        file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"t{i}") for i in range(3000)]))),
-        purpose="batch")
-    batch = await client.batches.create(input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+    batch = await submit(client, jsonl([chat_line(f"t{i}") for i in range(3000)]))
     async with asyncio.timeout(10):  # the batch has the slots it may have
         while (await client.batches.retrieve(batch.id)).request_counts.completed < 4:
             await asyncio.sleep(0.02)

@@ -85,6 +85,13 @@ models:
 """
 
 
+def write_config(folder: Path, upstream: str, url: str, prefix: str,
+                 on_error: str = "local") -> Path:
+    config = folder / "routing.yaml"
+    config.write_text(config_text(upstream, url, prefix, on_error))
+    return config
+
+
 @pytest.fixture
 async def upstream() -> AsyncIterator[Counting]:
     counting = Counting()
@@ -134,8 +141,7 @@ async def call(session: aiohttp.ClientSession, base: str, text: str,
 async def test_three_replicas_never_exceed_the_provider_limit_and_use_all_of_it(
         tmp_path: Path, upstream: Counting) -> None:
     with prefixed() as (_, prefix):
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, URL, prefix))
+        config = write_config(tmp_path, upstream.url, URL, prefix)
         async with replicas(config, 3) as running, aiohttp.ClientSession() as session:
             bases = [base for base, _ in running]
             statuses = await asyncio.gather(*(
@@ -150,8 +156,7 @@ async def test_three_replicas_never_exceed_the_provider_limit_and_use_all_of_it(
 async def test_mixed_tiers_across_replicas_go_in_one_global_tier_order(
         tmp_path: Path, upstream: Counting) -> None:
     with prefixed() as (_, prefix):
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, URL, prefix))
+        config = write_config(tmp_path, upstream.url, URL, prefix)
         async with replicas(config, 3) as running, aiohttp.ClientSession() as session:
             (a, _), (b, _), (c, _) = running
             upstream.gate = asyncio.Event()
@@ -175,8 +180,7 @@ async def test_mixed_tiers_across_replicas_go_in_one_global_tier_order(
 async def test_a_replica_killed_while_holding_slots_gives_them_back_within_the_ttl(
         tmp_path: Path, upstream: Counting) -> None:
     with prefixed() as (client, prefix):
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, URL, prefix))
+        config = write_config(tmp_path, upstream.url, URL, prefix)
         async with replicas(config, 2) as running, aiohttp.ClientSession() as session:
             (a, victim), (b, _) = running
             upstream.gate = asyncio.Event()
@@ -203,8 +207,7 @@ async def test_redis_killed_and_restarted_under_load(tmp_path: Path,
     server = PrivateRedis()
     server.start()
     try:
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, server.url, "t"))
+        config = write_config(tmp_path, upstream.url, server.url, "t")
         async with replicas(config, 2) as running, aiohttp.ClientSession() as session:
             bases = [base for base, _ in running]
             upstream.hold_s = 0.05
@@ -250,8 +253,7 @@ async def test_reject_mode_answers_503_while_redis_is_away(tmp_path: Path,
     server = PrivateRedis()
     server.start()
     try:
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, server.url, "t", on_error="reject"))
+        config = write_config(tmp_path, upstream.url, server.url, "t", on_error="reject")
         async with serving(config) as (base, _), aiohttp.ClientSession() as session:
             assert await call(session, base, "before") == 200
             server.stop()
@@ -274,8 +276,7 @@ async def test_reject_mode_answers_503_while_redis_is_away(tmp_path: Path,
 async def test_workers_share_one_port_and_one_limit(tmp_path: Path,
                                                     upstream: Counting) -> None:
     with prefixed() as (_, prefix):
-        config = tmp_path / "routing.yaml"
-        config.write_text(config_text(upstream.url, URL, prefix))
+        config = write_config(tmp_path, upstream.url, URL, prefix)
         async with serving(config, "--workers", "2") as (base, supervisor), \
                 aiohttp.ClientSession() as session:
             await until_alive(session, base, 2)

@@ -5,6 +5,7 @@ modes reach the proxy, and an unreachable Redis is handled as ``on_error`` says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -38,6 +39,17 @@ async def replica(settings: StateSettings, name: str, limit: int = 1) -> RedisSt
     return state
 
 
+@contextlib.asynccontextmanager
+async def replicas(settings: StateSettings, *names: str) -> AsyncIterator[list[RedisState]]:
+    """Replicas ``names`` on one Redis, closed on the way out."""
+    states = [await replica(settings, name) for name in names]
+    try:
+        yield states
+    finally:
+        for state in states:
+            await state.close()
+
+
 @pytest.fixture
 async def settings() -> AsyncIterator[StateSettings]:
     with prefixed() as (_, prefix):
@@ -46,8 +58,7 @@ async def settings() -> AsyncIterator[StateSettings]:
 
 async def test_replicas_share_one_limit_and_the_best_waiter_is_woken_at_once(
         settings: StateSettings) -> None:
-    a, b, c = [await replica(settings, name) for name in "abc"]
-    try:
+    async with replicas(settings, "a", "b", "c") as (a, b, c):
         first = await a.lease("p", 1, rank=0, waited_s=0, timeout_s=5)
         assert isinstance(first, Lease)
         low = asyncio.ensure_future(b.lease("p", 1, rank=32, waited_s=30, timeout_s=5))
@@ -65,15 +76,11 @@ async def test_replicas_share_one_limit_and_the_best_waiter_is_woken_at_once(
         assert c.status()["leases_held"] == 0 and b.status()["leases_held"] == 1
         await asyncio.sleep(a.beat_s + 0.2)
         assert a.status()["replicas_alive"] == 3
-    finally:
-        for state in (a, b, c):
-            await state.close()
 
 
 async def test_a_cancelled_or_timed_out_wait_leaves_no_waiter_and_no_slot(
         settings: StateSettings) -> None:
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with replicas(settings, "a", "b") as (a, b):
         held = await a.lease("p", 1, 0, 0, 5)
         assert held is not None
         waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 5))
@@ -93,15 +100,11 @@ async def test_a_cancelled_or_timed_out_wait_leaves_no_waiter_and_no_slot(
         again = await b.lease("p", 1, 0, 0, 1)
         assert again is not None
         b.release(again)
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_lease_granted_to_a_call_that_left_goes_straight_back(
         settings: StateSettings) -> None:
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with replicas(settings, "a", "b") as (a, b):
         held = await a.lease("p", 1, 0, 0, 5)
         assert held is not None
         # A grant nobody waits for (as if the waiter left just as it was granted).
@@ -110,37 +113,26 @@ async def test_a_lease_granted_to_a_call_that_left_goes_straight_back(
         a.release(held)
         await asyncio.sleep(0.3)
         assert await b._redis.zcard(settings.prefix + ":leases:p") == 0
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_breaker_opened_on_one_replica_reaches_the_others(
         settings: StateSettings) -> None:
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with replicas(settings, "a", "b") as (a, b):
         a.breaker_opened("p/m", 5.0)
         await asyncio.sleep(b.beat_s + 0.3)
         hooks = b._hooks
         assert isinstance(hooks, Recorder)
         assert hooks.breakers and 3.0 < hooks.breakers[-1]["p/m"] <= 5.0
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_shared_rate_buckets_hold_across_replicas(settings: StateSettings) -> None:
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with replicas(settings, "a", "b") as (a, b):
         assert await a.take_rate("key:k", 2, None, 10) == 0
         assert await b.take_rate("key:k", 2, None, 10) == 0
         assert await a.take_rate("key:k", 2, None, 10) > 20
         b.settle_rate("key:k", 2, None, 1, 0)  # one never went: its request comes back
         await asyncio.sleep(0.1)
         assert await a.take_rate("key:k", 2, None, 10) == 0
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_unreachable_redis_local_mode_and_reject_mode() -> None:
