@@ -10,7 +10,7 @@ import orjson
 
 WINDOW = re.compile(r"^([1-9][0-9]{0,3})(h|m)$")
 MAX_WINDOW_S = 7 * 24 * 3600
-FINISHED = ("completed", "failed", "expired", "cancelled")
+FINISHED = ("completed", "failed", "expired", "cancelled")  # a batch's or a response's end
 
 
 def window_s(text: str) -> int:

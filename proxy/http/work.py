@@ -50,7 +50,6 @@ RETENTION_EVERY_S = 3600.0
 HEAVY_AT_ONCE = 2
 LEAD_EVERY_S = 1.0  # the runner's lease is renewed, and new work looked for, this often
 LEASE_S = 5.0  # a runner that stopped renewing is replaced after this
-FINISHED_LINE = ("done", "failed", "expired", "cancelled")
 
 
 def new_id(prefix: str) -> str:

@@ -22,9 +22,9 @@ import orjson
 import redis
 
 from ..config.state import StateSettings
-from ..core.batchdoc import request_counts
+from ..core.batchdoc import FINISHED, request_counts
 from .redis_scripts import CANCEL, END, FINISH, FORGET_FILE, HOLD, RECOVER, SET_RESPONSE, TAKE
-from .sqlite import FINISHED, MAX_FILES_LISTED
+from .sqlite import MAX_FILES_LISTED
 
 CHUNK = 1000
 LOADING_S = 86_400  # line keys of a batch still being loaded expire unless it completes

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ..core.batchdoc import request_counts
+from ..core.batchdoc import FINISHED, request_counts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -41,7 +41,6 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE TABLE IF NOT EXISTS runner (
     id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, until REAL NOT NULL);
 """
-FINISHED = ("completed", "failed", "expired", "cancelled")
 MAX_FILES_LISTED = 10_000
 
 
