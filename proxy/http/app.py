@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -29,17 +28,17 @@ from .work import Work
 
 log = logging.getLogger(__name__)
 
-UpstreamFactory = Callable[[Provider, aiohttp.ClientSession], Upstream]
+UpstreamFactory = Callable[[Provider], Upstream]
 
 
-def default_upstream(provider: Provider, session: aiohttp.ClientSession) -> Upstream:
+def default_upstream(provider: Provider) -> Upstream:
     if provider.sim is not None:
         return SimulatedUpstream(provider.name, provider.sim)
     if provider.kind == "azure":
         auth = {"api-key": provider.api_key} if provider.api_key else {}
     else:
         auth = {"authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
-    return HttpUpstream(session, provider.base_url, {**provider.headers, **auth}, provider.query,
+    return HttpUpstream(provider.base_url, {**provider.headers, **auth}, provider.query,
                         provider.max_response_bytes)
 
 
@@ -68,26 +67,20 @@ def build_app(
     app[RELOADER] = Reloader(config_path)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-            auto_decompress=True, skip_auto_headers=("User-Agent",),
-        ) as session:
-            upstreams: Mapping[str, Upstream] = {
-                name: upstream_factory(p, session) for name, p in config.providers.items()
-            }
-            service = Service(config, upstreams, clock or SystemClock(),
-                              counter or TokenCounter.load(),
-                              make_upstream=lambda p: upstream_factory(p, session),
-                              internal_token=internal_token)
-            app[SERVICE] = service
-            app[WORK] = Work(config, service.clock, service.internal_token, service.metrics)
-            await service.start()
-            service.apply_schedule()
-            yield
-            app[LIFECYCLE].draining = True
-            await app[WORK].close()
-            await service.close()
+        upstreams: Mapping[str, Upstream] = {
+            name: upstream_factory(p) for name, p in config.providers.items()
+        }
+        service = Service(config, upstreams, clock or SystemClock(),
+                          counter or TokenCounter.load(), make_upstream=upstream_factory,
+                          internal_token=internal_token)
+        app[SERVICE] = service
+        app[WORK] = Work(config, service.clock, service.internal_token, service.metrics)
+        await service.start()
+        service.apply_schedule()
+        yield
+        app[LIFECYCLE].draining = True
+        await app[WORK].close()
+        await service.close()
 
     async def drain(app: web.Application) -> None:
         # Runs once the listener has stopped and before aiohttp itself waits for handlers:

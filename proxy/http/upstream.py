@@ -1,24 +1,26 @@
 """The seam between the proxy and a provider: one small Protocol.
 
 ``Upstream.send`` opens one call and returns once the response head is in; the body is
-then read chunk by chunk. Real providers go through ``HttpUpstream`` (aiohttp); the
-in-process ``simulated`` provider implements the same Protocol, and tests swap in their own.
-Errors: implementations raise only ``proxy.errors.UpstreamConnectError`` /
-``UpstreamTimeout`` / ``UpstreamBadResponse`` — aiohttp's own exceptions are translated in
-exactly one place (``HttpUpstream``).
+then read chunk by chunk. Real providers go through ``HttpUpstream`` (the lean client
+in ``wire``); the in-process ``simulated`` provider implements the same Protocol, and tests
+swap in their own. Errors: implementations raise only ``proxy.errors.UpstreamConnectError``
+/ ``UpstreamTimeout`` / ``UpstreamBadResponse``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlencode
 
-import aiohttp
+from yarl import URL
 
-from ..core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from ..core.provider import Timeouts
+from .wire import Connection, Origin
 
 
 @dataclass(frozen=True)
@@ -54,127 +56,123 @@ class Upstream(Protocol):
 
 
 class HttpUpstream:
-    """An OpenAI-compatible provider over HTTP; the one place aiohttp errors become ours."""
+    """An OpenAI-compatible provider over HTTP (``wire``): the request's head is built
+    once but for the few headers that change per call."""
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         base_url: str,
-        auth_headers: Mapping[str, str],
+        headers: Mapping[str, str],
         query: Mapping[str, str] | None = None,
         max_response_bytes: int = 64 * 1024 * 1024,
     ) -> None:
-        self._session = session
+        url = URL(base_url.rstrip("/"))
+        if url.scheme not in ("http", "https") or not url.raw_host:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        for name, value in headers.items():
+            _check_header(name, value)
+        tls = _tls_context() if url.scheme == "https" else None
+        self._origin = Origin(url.raw_host, url.port or (443 if tls else 80), tls)
         self._max_response_bytes = max_response_bytes
-        self._base_url = base_url.rstrip("/")
-        self._auth_headers = dict(auth_headers)
-        self._query = dict(query or {})
-        self._client_timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
+        self._prefix = url.raw_path.rstrip("/")
+        self._query = "?" + urlencode(dict(query)) if query else ""
+        fixed = {name.lower(): (name, value) for name, value in {
+            "host": url.raw_authority.rpartition("@")[2], **headers,
+            "content-type": "application/json", "accept-encoding": "gzip, deflate",
+        }.items()}
+        self._fixed = set(fixed)
+        self._fixed_head = "".join(f"{name}: {value}\r\n" for name, value in fixed.values())
 
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
-        headers = {**request.headers, **self._auth_headers, "content-type": "application/json"}
         budget = timeouts.first_byte_s if request.stream else timeouts.response_s
         deadline = asyncio.get_running_loop().time() + budget
+        conn, _ = await self._origin.connection(min(timeouts.connect_s, budget))
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await self._session.post(
-                    self._base_url + request.path,
-                    data=request.body,
-                    headers=headers,
-                    params=self._query or None,
-                    allow_redirects=False,
-                    timeout=self._client_timeout(timeouts),
-                )
-        except aiohttp.ServerTimeoutError as exc:  # connect timed out
-            raise UpstreamConnectError("connecting to the provider timed out") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"no response within {budget:g}s") from exc
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            # The detail (the provider's address) stays in the chain for logs, not in the
-            # message a client sees.
-            raise UpstreamConnectError(
-                f"connecting to the provider failed ({type(exc).__name__})"
-            ) from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamBadResponse(
-                f"the provider's response was malformed ({type(exc).__name__})"
-            ) from exc
-        return HttpResponse(response, timeouts, deadline, self._max_response_bytes)
+            await conn.call(self._head(request), request.body, stream=request.stream,
+                            deadline=deadline, budget_s=budget, idle_s=timeouts.idle_s,
+                            max_bytes=self._max_response_bytes)
+        except BaseException:
+            conn.release()
+            raise
+        return HttpResponse(conn)
 
-    def _client_timeout(self, timeouts: Timeouts) -> aiohttp.ClientTimeout:
-        client_timeout = self._client_timeouts.get(timeouts)
-        if client_timeout is None:
-            client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
-            self._client_timeouts[timeouts] = client_timeout
-        return client_timeout
+    def _head(self, request: UpstreamRequest) -> bytes:
+        extra = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items()
+                        if name.lower() not in self._fixed and _safe(name, value))
+        return (f"POST {self._prefix}{request.path}{self._query} HTTP/1.1\r\n"
+                f"{self._fixed_head}{extra}content-length: {len(request.body)}\r\n\r\n"
+                ).encode()
 
     async def close(self) -> None:
-        return None
+        self._origin.close()
+
+
+def _safe(name: str, value: str) -> bool:
+    return not any(c in name or c in value for c in "\r\n\0")
+
+
+def _check_header(name: str, value: str) -> None:
+    if not _safe(name, value) or not name or ":" in name:
+        raise ValueError(f"the header {name!r} cannot be sent")
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class HttpResponse:
-    def __init__(
-        self, response: aiohttp.ClientResponse, timeouts: Timeouts, deadline: float,
-        max_bytes: int,
-    ) -> None:
-        self._response = response
-        self._max_bytes = max_bytes
-        self._timeouts = timeouts
-        self._deadline = deadline
-        self.status = response.status
-        self.headers: Mapping[str, str] = response.headers
+    """An answer being read; ``close`` gives its connection back (or closes it)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
+        self.status = conn.status
+        self.headers: Mapping[str, str] = conn.headers
 
     async def read(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            return b""
         try:
-            async with asyncio.timeout_at(self._deadline):
-                return await self._read_bounded()
-        except TimeoutError as exc:
-            raise UpstreamTimeout("response not complete in time") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamBadResponse(
-                f"the provider's response broke ({type(exc).__name__})"
-            ) from exc
+            return await conn.read()
         finally:
             self.close()
 
-    async def _read_bounded(self) -> bytes:
-        # Content-Length counts the bytes on the wire: past a compressed body's length the
-        # answer can be any size, so only an uncompressed one is read in one go.
-        length = self._response.content_length
-        encoded = self._response.headers.get("content-encoding", "identity") != "identity"
-        if length is not None and length <= self._max_bytes and not encoded:
-            return await self._response.read()
-        parts: list[bytes] = []
-        size = 0
-        async for part in self._response.content.iter_any():
-            size += len(part)
-            if size > self._max_bytes:
-                raise UpstreamBadResponse(
-                    f"the provider's response is larger than {self._max_bytes} bytes"
-                )
-            parts.append(part)
-        return b"".join(parts)
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        content = self._response.content
-        deadline = self._deadline  # the first chunk counts against the first-byte budget
+    async def next_chunk(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            return b""
         try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        data = await content.readany()
-                except TimeoutError as exc:
-                    raise UpstreamTimeout("upstream stream stalled") from exc
-                except (aiohttp.ClientError, OSError) as exc:
-                    raise UpstreamBadResponse(
-                        f"the provider's stream broke ({type(exc).__name__})"
-                    ) from exc
-                if not data:  # end of the body
-                    return
-                yield data
-                deadline = asyncio.get_running_loop().time() + self._timeouts.idle_s
-        finally:
+            data = await conn.next_chunk()
+        except BaseException:
             self.close()
+            raise
+        if not data:
+            self.close()
+        return data
 
     def close(self) -> None:
-        self._response.close()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.release()
+
+
+class _Chunks:
+    """``HttpResponse.chunks()``: an async iterator without a generator's frame."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: HttpResponse) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self._response.next_chunk()
+        if not data:
+            raise StopAsyncIteration
+        return data
