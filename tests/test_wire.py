@@ -266,7 +266,8 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing() -> None:
         size = len(await anext(chunks))
         await asyncio.sleep(0.5)  # longer than idle_s: a paused socket is not a stall
         conn = response._conn
-        assert conn is not None and conn._buffered <= HIGH_WATER + 2 * len(chunk)
+        # At most one socket read (uvloop reads up to 256 KiB) past the high-water mark.
+        assert conn is not None and conn._buffered <= HIGH_WATER + 256 * 1024
         async for part in chunks:
             size += len(part)
         assert size == total * len(chunk)

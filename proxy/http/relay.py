@@ -186,6 +186,47 @@ class _ClientGone(Exception):
     """The client stopped reading (write timed out) or disconnected."""
 
 
+class _Watchdog:
+    """A stream's write timeout in one timer instead of one per chunk: a write to the
+    client still waiting after ``timeout_s`` ends the relay (aiohttp's writes return at
+    once until its buffer fills, so most never wait)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._timeout_s = timeout_s
+        self._since: float | None = None  # when the write now waiting began
+        self._fired = False
+        self._timer = self._loop.call_later(timeout_s, self._check)
+
+    def _check(self) -> None:
+        since, now = self._since, self._loop.time()
+        if since is not None and now - since >= self._timeout_s:
+            self._fired = True
+            self._task.cancel()
+        else:
+            self._timer = self._loop.call_at((now if since is None else since)
+                                             + self._timeout_s, self._check)
+
+    async def send(self, step: Awaitable[object]) -> None:
+        self._since = self._loop.time()
+        try:
+            await step
+        except asyncio.CancelledError:
+            if self._fired and self._task.uncancel() == 0:
+                raise _ClientGone() from None
+            raise
+        except ConnectionResetError as exc:
+            raise _ClientGone() from exc
+        finally:
+            self._since = None
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
     """One step of sending to the client (head, chunk, end: ``write_eof`` drains the socket
     too), bounded by the write timeout."""
@@ -222,19 +263,20 @@ async def relay(
     tally = StreamTally(strip_usage, keep_bytes)
     verdict = Verdict.SUCCESS
     request[COMMITTED] = True
+    watchdog = _Watchdog(timeout_s)
     try:
-        await _to_client(answer.prepare(request), timeout_s)
-        await _to_client(answer.write(tally.feed(first)), timeout_s)
+        await watchdog.send(answer.prepare(request))
+        await watchdog.send(answer.write(tally.feed(first)))
         async for chunk in chunks:
             data = tally.feed(chunk)
             if data:
-                await _to_client(answer.write(data), timeout_s)
+                await watchdog.send(answer.write(data))
         rest = tally.finish()
         if rest:
-            await _to_client(answer.write(rest), timeout_s)
+            await watchdog.send(answer.write(rest))
         if not tally.done:
             raise UpstreamBadResponse("the provider's stream ended before its last event")
-        await _to_client(answer.write_eof(), timeout_s)
+        await watchdog.send(answer.write_eof())
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
         request[RECORD].code = exc.code
@@ -265,6 +307,8 @@ async def relay(
         request[RECORD].code = "client_gone"
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
         _hang_up(request)
+    finally:
+        watchdog.stop()
     prompt, completion = usage_counts(tally.usage or {})
     if completion is None:
         completion = max(tally.events - 2, 0)  # content events, less the role and stop ones

@@ -26,7 +26,6 @@ from ..core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamErr
 
 KEEPALIVE_S = 15.0  # an idle connection older than this is closed, not reused
 HIGH_WATER = 256 * 1024  # unread answer bytes past which the socket stops being read
-LOW_WATER = 64 * 1024
 _ENCODINGS = ("gzip", "deflate", "x-gzip")
 _NO_BODY = (204, 304)
 
@@ -141,15 +140,20 @@ class Connection(asyncio.Protocol):
         return data
 
     async def next_chunk(self) -> bytes:
-        """The answer's next bytes as they come; ``b""`` at its end."""
+        """All the answer's bytes in so far that were not yet taken (waiting for some if
+        there are none); ``b""`` at its end."""
         chunks = self._chunks
         while not chunks:
             if self._complete:
                 return b""
             await self._wait()
-        data = chunks.popleft()
-        self._buffered -= len(data)
-        if self._paused and self._buffered <= LOW_WATER and self._transport is not None:
+        if len(chunks) == 1:
+            data = chunks.popleft()
+        else:
+            data = b"".join(chunks)
+            chunks.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
             self._paused = False
             self._last = self._loop.time()
             self._transport.resume_reading()
