@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.errors import UpstreamBadResponse
-from proxy.http.relay import MAX_EVENT_BYTES, StreamTally, event_data
+from proxy.http.relay import _BOUNDARY, MAX_EVENT_BYTES, StreamTally, boundaries, event_data
 
 
 def chunk(event: dict[str, object]) -> bytes:
@@ -101,3 +101,14 @@ def test_an_event_past_the_bound_breaks_the_stream() -> None:
     tally.feed(b"data: " + b"x" * (MAX_EVENT_BYTES // 2))
     with pytest.raises(UpstreamBadResponse, match="larger than"):
         tally.feed(b"x" * (MAX_EVENT_BYTES // 2 + 1))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(buffer=st.binary(max_size=60).map(
+    lambda raw: bytes(b"\n\r:d "[byte % 5] for byte in raw)), pos=st.integers(0, 8))
+def test_event_boundaries_by_find_and_by_the_pattern_agree(buffer: bytes, pos: int) -> None:
+    by_pattern = [m.span() for m in _BOUNDARY.finditer(buffer, pos)]
+    assert boundaries(buffer, pos) == by_pattern
+    assert boundaries(buffer.replace(b"\r", b""), pos) == [
+        m.span() for m in _BOUNDARY.finditer(buffer.replace(b"\r", b""), pos)]
+

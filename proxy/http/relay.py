@@ -59,12 +59,12 @@ class StreamTally:
         buffer = self._pending + data if self._pending else data
         start, dropped = 0, False
         kept: list[bytes] = []
-        for match in _BOUNDARY.finditer(buffer, max(len(self._pending) - 3, 0)):
-            if self._inspect(buffer[start:match.start()]):
-                kept.append(buffer[start:match.end()])
+        for end, after in boundaries(buffer, max(len(self._pending) - 3, 0)):
+            if self._inspect(buffer[start:end]):
+                kept.append(buffer[start:after])
             else:
                 dropped = True
-            start = match.end()
+            start = after
         self._pending = buffer[start:]
         if len(self._pending) > MAX_EVENT_BYTES:
             raise UpstreamBadResponse(f"an SSE event is larger than {MAX_EVENT_BYTES} bytes")
@@ -98,7 +98,8 @@ class StreamTally:
                 self.kept.append(data)
             else:
                 self.kept = None
-        if b'"usage"' not in data and not _RESPONSE_MARKS.search(data):
+        if b'"usage"' not in data and (b"response." not in data
+                                       or not _RESPONSE_MARKS.search(data)):
             return True
         try:
             payload = orjson.loads(data)
@@ -129,6 +130,19 @@ class StreamTally:
             usage = response.get("usage")
             if isinstance(usage, dict):
                 self.usage = usage
+
+
+def boundaries(buffer: bytes, pos: int) -> list[tuple[int, int]]:
+    """Where the events in ``buffer`` end, from ``pos`` on: (end of the event, start of the
+    next). Streams whose lines end in LF alone (nearly all) are cut by ``bytes.find``."""
+    if b"\r" in buffer:
+        return [match.span() for match in _BOUNDARY.finditer(buffer, pos)]
+    found = []
+    find = buffer.find
+    while (end := find(b"\n\n", pos)) >= 0:
+        pos = end + 2
+        found.append((end, pos))
+    return found
 
 
 def event_data(event: bytes) -> bytes | None:
