@@ -218,7 +218,7 @@ class Scheduler:
 
     def take(self) -> Decisions:
         """The decisions made since the last call, in order: refusals, then grants."""
-        out, self._out = self._out, Decisions()
+        out, self._out = self._out, Decisions() if self._out else self._out  # mostly empty
         return out
 
     def next_wakeup(self, now: float) -> float | None:

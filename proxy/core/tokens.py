@@ -75,6 +75,10 @@ class TokenCounter:
                 error,
             )
             return cls(None)
+        # tiktoken keeps a Python copy of the 100k merge ranks beside its Rust core, used
+        # only to pickle the encoding; ~14 MiB resident the proxy never reads.
+        if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
+            encoding._mergeable_ranks = {}
         return cls(encoding)
 
     @property

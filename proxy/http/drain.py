@@ -5,9 +5,7 @@ client can read (an SSE error event, or a 503), never a silent cut."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +24,18 @@ class Lifecycle:
         self._idle = asyncio.Event()
         self._hurry = asyncio.Event()
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Around one proxied call's handler."""
+    def call(self) -> _Call:
+        """Around one proxied call's handler (``with``)."""
         task = asyncio.current_task()
         assert task is not None
         self._calls.add(task)
         self.started += 1
-        try:
-            yield
-        finally:
-            self._calls.discard(task)
-            if not self._calls:
-                self._idle.set()
+        return _Call(self, task)
+
+    def _ended(self, task: asyncio.Task[object]) -> None:
+        self._calls.discard(task)
+        if not self._calls:
+            self._idle.set()
 
     @property
     def in_progress(self) -> int:
@@ -66,3 +63,19 @@ class Lifecycle:
             for task in remaining:
                 task.cancel()
             await asyncio.wait(remaining, timeout=FAREWELL_S)
+
+
+class _Call:
+    """``Lifecycle.call()``: a plain object, not a generator, as every call makes one."""
+
+    __slots__ = ("_lifecycle", "_task")
+
+    def __init__(self, lifecycle: Lifecycle, task: asyncio.Task[object]) -> None:
+        self._lifecycle = lifecycle
+        self._task = task
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._lifecycle._ended(self._task)

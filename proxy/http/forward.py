@@ -9,6 +9,7 @@ this module only does the I/O and reports what happened.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 
 import orjson
@@ -59,22 +60,6 @@ class Exchange:
     failure: web.Response | None = None  # the last upstream failure, kept to pass through
     cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/chat/completions", "chat")
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/completions", "completions")
-
-
-async def responses(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/responses", "responses")
-
-
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await forward(request, "/embeddings", "embeddings")
 
 
 async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResponse:
@@ -139,6 +124,13 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
             usage = exchange.attempts.usage
             settle_key(service, principal, plan, exchange.attempts.attempts > 0,
                        usage.total if usage is not None else None)
+
+
+# The routes' handlers: partials, so a queued call holds no extra coroutine frame.
+chat_completions = functools.partial(forward, path="/chat/completions", kind="chat")
+completions = functools.partial(forward, path="/completions", kind="completions")
+responses = functools.partial(forward, path="/responses", kind="responses")
+embeddings = functools.partial(forward, path="/embeddings", kind="embeddings")
 
 
 def _within_budget(service: Service, key: str) -> None:

@@ -1,10 +1,29 @@
-"""Prometheus metrics, one registry per app (no process-global state)."""
+"""Prometheus metrics, one registry per app; values without locks (see ``_LoopValue``)."""
 
 from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+
+
+class _LoopValue(values.MutexValue):
+    """A metric's value without its lock: every update and every read of the proxy's
+    metrics happens on the event loop's thread (worker threads only parse and store), and
+    the lock was about 2 % of the CPU a call costs."""
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def get(self) -> float:
+        return self._value
+
+
+if values.ValueClass is values.MutexValue:  # not prometheus-client's multiprocess mode
+    values.ValueClass = _LoopValue
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 
