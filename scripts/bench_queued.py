@@ -43,6 +43,7 @@ ANSWER = orjson.dumps({"id": "x", "object": "chat.completion", "choices": [{
     "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21}})
 GO = web.AppKey("go", asyncio.Event)
 WAVE = 500  # connections opened at a time (listen backlogs are finite)
+QUIET_S = 12.0  # over two of the janitor's 5 s ticks
 
 
 def holding_upstream() -> web.Application:
@@ -134,6 +135,7 @@ async def one_round(target: str, upstream: str, pid: int, calls: int) -> tuple[f
     bad = sum(status != 200 for status in statuses)
     if bad:
         raise SystemExit(f"{bad} of {calls} calls failed")
+    await asyncio.sleep(QUIET_S)  # the proxy gives memory back once quiet (its janitor)
     return held, await settled(pid)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,20 @@ def test_provider_headers_expand_variables() -> None:
                  models={"m": [{"provider": "a", "model": "x"}]})
     config = parse_config(data, {"ID": "42"})
     assert config.providers["a"].headers == {"X-Team": "search", "X-Id": "42"}
+
+
+@pytest.mark.parametrize("provider, where", [
+    ({"headers": {"X-Team": "a\r\nX-Evil: 1"}}, "headers.X-Team"),
+    ({"headers": {"X-Id": "${ID}"}}, "headers.X-Id"),
+    ({"headers": {"Bad Name": "x"}}, "headers.Bad Name"),
+    ({"api_key": "${KEY}"}, "api_key"),
+])
+def test_what_cannot_be_sent_as_a_header_is_a_config_error(provider: dict[str, object],
+                                                           where: str) -> None:
+    data = with_(providers=[{"name": "a", "base_url": "http://127.0.0.1:1/v1", **provider}],
+                 models={"m": [{"provider": "a", "model": "x"}]})
+    with pytest.raises(ConfigError, match=f"{re.escape(where)}: .*(line break|header name)"):
+        parse_config(data, {"ID": "4\n2", "KEY": "k\r\n"})
 
 
 def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:

@@ -71,6 +71,8 @@ def _http_provider(
     if not re.match(r"https?://[^/\s]+", base_url):
         fail(f"{path}.base_url", "must be an http:// or https:// URL")
     api_key = node.secret("api_key", "")
+    if re.search(r"[\r\n\0]", str(api_key)):
+        fail(f"{path}.api_key", "holds a line break or NUL")
     if api_key == "" and "${" in str(node.data.get("api_key", "")):
         api_key = UNSET  # a variable set to nothing is as good as unset
     headers: dict[str, str] = {}
@@ -78,6 +80,10 @@ def _http_provider(
         value = interpolate(str(raw), node.env)
         if value is UNSET:
             fail(f"{node.sub('headers')}.{header}", "uses an environment variable that is not set")
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", header) or re.search(
+                r"[\r\n\0]", str(value)):
+            fail(f"{node.sub('headers')}.{header}",
+                 "is not a header name, or its value holds a line break or NUL")
         headers[header] = str(value)
     accepts = node.boolean("accepts_service_tier", kind in FORWARDED_SERVICE_TIERS)
     max_response_bytes = node.integer("max_response_bytes", 64 * 1024 * 1024, minimum=1)
