@@ -2,7 +2,7 @@
 # Mount your own routing table over /etc/triage-proxy/routing.yaml.
 FROM python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONMALLOC=malloc
 
 WORKDIR /app
 COPY pyproject.toml README.md ./

@@ -4,8 +4,9 @@ One provider slot, an upstream that holds the call in it until told to answer, a
 calls sent at once: N - 1 wait in the queue. The resident size is read with them all
 queued, then everything is answered and the size read again once they are gone; twice, so
 memory kept after a peak (fragmentation, structures sized at the peak) shows as a second
-round that does not come back. Same run, same load, as a baseline: a bare aiohttp gate
-(one ``asyncio.Semaphore`` in front of a ClientSession) holding the same N calls.
+round that does not come back. Same run, same load: the proxy as ``scripts/serve`` runs
+it (PYTHONMALLOC=malloc), the proxy on Python's own allocator, and as a baseline a bare
+aiohttp gate (one ``asyncio.Semaphore`` in front of a ClientSession) holding the N calls.
 
     scripts/bench_queued [--calls 10000] [--rounds 2]
 """
@@ -156,20 +157,27 @@ def start(kids: Children, name: str, argv: list[str]) -> tuple[int, str]:
     return proc.pid, kids.wait_listening(name)
 
 
+def with_malloc(argv: list[str]) -> list[str]:
+    """The proxy as ``scripts/serve`` and the image run it: PYTHONMALLOC=malloc."""
+    return ["env", "PYTHONMALLOC=malloc", *argv]
+
+
 def benchmark(kids: Children, calls: int, rounds: int) -> str:
     python, me = sys.executable, str(Path(__file__).resolve())
     _, upstream = start(kids, "upstream", [python, me, "--role", "upstream"])
     config = kids.logs / "bench.yaml"
     config.write_text(proxy_config(upstream, calls))
+    serve = [python, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
+             "--log-level", "WARNING"]
     targets = {
         "gate": start(kids, "gate", [python, me, "--role", "gate", "--upstream", upstream]),
-        "proxy": start(kids, "proxy", [python, "-m", "proxy", "serve", "--config",
-                                       str(config), "--port", "0", "--log-level", "WARNING"]),
+        "proxy": start(kids, "proxy", with_malloc(serve)),
+        "pymalloc": start(kids, "pymalloc", serve),
     }
     time.sleep(1.0)
     lines = [f"machine: {machine()}",
              f"{calls} calls sent at once, one slot: {calls - 1} queued; {rounds} rounds",
-             "", f"{'target':<7}{'idle MiB':>9}" + "".join(
+             "", f"{'target':<9}{'idle MiB':>9}" + "".join(
                  f"{f'r{n} held':>9}{f'r{n} after':>10}" for n in range(1, rounds + 1))
              + f"{'KiB/call':>9}"]
     peaks: dict[str, float] = {}
@@ -182,14 +190,17 @@ def benchmark(kids: Children, calls: int, rounds: int) -> str:
                                                 pid, calls))
         peaks[name] = max(figures[0::2])
         per_call = (figures[0] - idle) * 1024 / (calls - 1)
-        lines.append(f"{name:<7}{idle:>9.1f}" + "".join(f"{f:>9.1f}" if i % 2 == 0 else
+        lines.append(f"{name:<9}{idle:>9.1f}" + "".join(f"{f:>9.1f}" if i % 2 == 0 else
                                                         f"{f:>10.1f}"
                                                         for i, f in enumerate(figures))
                      + f"{per_call:>9.1f}")
     peak_mb = peaks["proxy"] * 1.048576
-    lines += ["", f"goal {calls} queued in <= 200 MB: proxy peak {peak_mb:.0f} MB "
-                  f"{'met' if peak_mb <= 200 else 'MISSED'} (the bare gate: "
-                  f"{peaks['gate'] * 1.048576:.0f} MB)"]
+    lines += ["", "proxy: as scripts/serve and the image run it (PYTHONMALLOC=malloc); "
+                  "pymalloc: Python's own small-object allocator",
+              f"goal {calls} queued in <= 200 MB: proxy peak {peak_mb:.0f} MB "
+              f"{'met' if peak_mb <= 200 else 'MISSED'} (pymalloc "
+              f"{peaks['pymalloc'] * 1.048576:.0f} MB, the bare gate "
+              f"{peaks['gate'] * 1.048576:.0f} MB)"]
     return "\n".join(lines)
 
 
