@@ -183,7 +183,11 @@ async def test_compressed_answers_are_inflated(encoding: str, pack: Callable[[by
     (b"HTTP/1.1 200 OK\r\ncontent-length: 200\r\n\r\n" + b"x" * 200, UpstreamBadResponse,
      "larger than 100 bytes"),
     (b"", UpstreamConnectError, "closed the connection"),
-], ids=["garbage", "brotli", "cut", "too-large", "hang-up"])
+    (b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 4\r\n\r\nnope",
+     UpstreamBadResponse, "malformed"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: x\r\n\r\n",
+     UpstreamBadResponse, "malformed"),
+], ids=["garbage", "brotli", "cut", "too-large", "hang-up", "bad-gzip", "upgrade"])
 async def test_broken_answers_are_the_proxys_errors(reply: bytes, error: type[Exception],
                                                    match: str) -> None:
     async with raw_server(answering(reply, keep=False)) as server:

@@ -237,7 +237,7 @@ class Connection(asyncio.Protocol):
         self._last = self._loop.time()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(UpstreamBadResponse(
                 f"the provider's response was malformed ({type(exc).__name__})"))
 
