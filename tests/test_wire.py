@@ -211,7 +211,7 @@ async def test_a_gzip_bomb_stops_at_the_size_bound() -> None:
 async def test_deadlines_head_whole_answer_and_stream_idle() -> None:
     slow_body = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345"
 
-    async def stalls(reply: bytes) -> Handler:
+    def stalls(reply: bytes) -> Handler:
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await read_request(reader)
             writer.write(reply)
@@ -225,7 +225,7 @@ async def test_deadlines_head_whole_answer_and_stream_idle() -> None:
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", True, "stalled"),
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n", True, "stalled"),
     ]:
-        async with raw_server(await stalls(reply)) as server:
+        async with raw_server(stalls(reply)) as server:
             upstream = HttpUpstream(server.url, {})
             started = asyncio.get_running_loop().time()
             with pytest.raises(UpstreamTimeout, match=match):

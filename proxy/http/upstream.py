@@ -86,7 +86,7 @@ class HttpUpstream:
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
         budget = timeouts.first_byte_s if request.stream else timeouts.response_s
         deadline = asyncio.get_running_loop().time() + budget
-        conn, _ = await self._origin.connection(min(timeouts.connect_s, budget))
+        conn = await self._origin.connection(min(timeouts.connect_s, budget))
         try:
             await conn.call(self._head(request), request.body, stream=request.stream,
                             deadline=deadline, budget_s=budget, idle_s=timeouts.idle_s,

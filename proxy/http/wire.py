@@ -40,14 +40,14 @@ class Origin:
         self._idle: list[Connection] = []
         self.closed = False
 
-    async def connection(self, connect_s: float) -> tuple[Connection, bool]:
-        """A live connection, and whether it served a call before."""
+    async def connection(self, connect_s: float) -> Connection:
+        """A live connection: the most recently used idle one, else a new one."""
         loop = asyncio.get_running_loop()
         idle = self._idle
         while idle:
             conn = idle.pop()
             if conn.usable(loop.time()):
-                return conn, True
+                return conn
             conn.abort()
         try:
             async with asyncio.timeout(connect_s):
@@ -61,7 +61,7 @@ class Origin:
             # message a client sees.
             raise UpstreamConnectError(
                 f"connecting to the provider failed ({type(exc).__name__})") from exc
-        return conn, False
+        return conn
 
     def put_back(self, conn: Connection) -> None:
         if self.closed:
@@ -134,29 +134,28 @@ class Connection(asyncio.Protocol):
         """The whole answer (its size bounded by ``max_bytes``)."""
         while not self._complete:
             await self._wait()
-        chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        return data
+        return self._take()
 
     async def next_chunk(self) -> bytes:
         """All the answer's bytes in so far that were not yet taken (waiting for some if
         there are none); ``b""`` at its end."""
-        chunks = self._chunks
-        while not chunks:
+        while not self._chunks:
             if self._complete:
                 return b""
             await self._wait()
-        if len(chunks) == 1:
-            data = chunks.popleft()
-        else:
-            data = b"".join(chunks)
-            chunks.clear()
-        self._buffered = 0
+        data = self._take()
         if self._paused and self._transport is not None:
             self._paused = False
             self._last = self._loop.time()
             self._transport.resume_reading()
+        return data
+
+    def _take(self) -> bytes:
+        """Every byte in and not yet taken."""
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
         return data
 
     async def _wait(self) -> None:
