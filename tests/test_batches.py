@@ -74,6 +74,14 @@ class Proxy:
         return self.server.app[WORK]
 
 
+async def serve(aiohttp_server: Factory, config: Any, counter: TokenCounter,
+                upstream: FakeUpstream | None = None, **app: Any) -> Proxy:
+    """A proxy on ``config`` with its work that can wait started."""
+    server = await aiohttp_server(build_app(config, counter=counter, **app))
+    await server.app[WORK].start(str(server.make_url("")))
+    return Proxy(server, upstream or FakeUpstream())
+
+
 @pytest.fixture(params=["sqlite", "redis"])
 async def start(request: pytest.FixtureRequest, aiohttp_server: Factory, counter: TokenCounter,
                 tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
@@ -93,9 +101,7 @@ async def start(request: pytest.FixtureRequest, aiohttp_server: Factory, counter
                 {"m": [{"provider": "up", "model": "x"}]},
                 classify=KEYS, batch={"max_in_flight": 3, **batch},
                 storage={"path": str(tmp_path / "work.db")}, **state)
-            proxy = await aiohttp_server(build_app(config, counter=counter, clock=clock))
-            await proxy.app[WORK].start(str(proxy.make_url("")))
-            return Proxy(proxy, upstream)
+            return await serve(aiohttp_server, config, counter, upstream, clock=clock)
 
         yield make
 
@@ -463,20 +469,16 @@ async def test_two_workers_on_one_store_run_each_batch_once(
         [{"name": "up", "base_url": str(up.make_url("/v1")), "api_key": "k",
           "max_concurrency": 4}], {"m": [{"provider": "up", "model": "x"}]},
         classify=KEYS, batch={"max_in_flight": 2}, storage={"path": str(tmp_path / "w.db")})
-    workers = []
-    for _ in range(2):
-        server = await aiohttp_server(build_app(config, counter=counter, internal_token="t"))
-        await server.app[WORK].start(str(server.make_url("")))
-        workers.append(server)
-    a, b = (openai.AsyncOpenAI(base_url=str(w.make_url("/v1")), api_key="team-key",
-                               max_retries=0) for w in workers)
+    workers = [await serve(aiohttp_server, config, counter, internal_token="t")
+               for _ in range(2)]
+    a, b = (w.sdk() for w in workers)
     uploaded = await a.files.create(
         file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"w{i}") for i in range(40)]))),
         purpose="batch")
     batch = await b.batches.create(input_file_id=uploaded.id,  # the file is seen by both
                                    endpoint="/v1/chat/completions", completion_window="24h")
     await asyncio.sleep(1.5)
-    assert sorted(w.app[WORK].leading for w in workers) == [False, True]
+    assert sorted(w.work.leading for w in workers) == [False, True]
     cancelling = await b.batches.cancel(batch.id)
     assert cancelling.status == "cancelling"
     done = await finished(a, batch.id)
@@ -498,28 +500,23 @@ async def test_with_redis_any_replica_serves_a_batch_and_takes_over_a_dead_ones_
               "max_concurrency": 4}], {"m": [{"provider": "up", "model": "x"}]},
             classify=KEYS, batch={"max_in_flight": 2},
             state={"backend": "redis", "url": URL, "prefix": prefix})
-        replicas = []
-        for _ in range(2):  # two machines: no shared token, no shared file
-            server = await aiohttp_server(build_app(config, counter=counter))
-            await server.app[WORK].start(str(server.make_url("")))
-            replicas.append(server)
-        a, b = (openai.AsyncOpenAI(base_url=str(r.make_url("/v1")), api_key="team-key",
-                                   max_retries=0) for r in replicas)
+        # Two machines: no shared token, no shared file.
+        replicas = [await serve(aiohttp_server, config, counter) for _ in range(2)]
+        a, b = (r.sdk() for r in replicas)
         uploaded = await a.files.create(
             file=("b.jsonl", io.BytesIO(jsonl([chat_line(f"r{i}") for i in range(60)]))),
             purpose="batch")
         batch = await b.batches.create(input_file_id=uploaded.id,
                                        endpoint="/v1/chat/completions", completion_window="24h")
-        leader = next(r for r in replicas if r.app[WORK].leading)
+        leader = next(r for r in replicas if r.work.leading)
         other = next(r for r in replicas if r is not leader)
         async with asyncio.timeout(10):
             while (await a.batches.retrieve(batch.id)).request_counts.completed < 10:
                 await asyncio.sleep(0.02)
-        await leader.app[WORK].close()  # it dies mid-batch, lines running
-        survivor = openai.AsyncOpenAI(base_url=str(other.make_url("/v1")), api_key="team-key",
-                                      max_retries=0)
+        await leader.work.close()  # it dies mid-batch, lines running
+        survivor = other.sdk()
         done = await finished(survivor, batch.id, timeout=30)
-        assert other.app[WORK].leading and done.status == "completed"
+        assert other.work.leading and done.status == "completed"
         output = by_custom_id((await survivor.files.content(done.output_file_id)).content)
         assert set(output) == {f"r{i}" for i in range(60)}
 
@@ -533,10 +530,8 @@ async def test_a_store_that_cannot_be_reached_is_a_503_and_nothing_crashes(
             [{"name": "up", "base_url": "http://127.0.0.1:9/v1", "max_concurrency": 1}],
             {"m": [{"provider": "up", "model": "x"}]}, classify=KEYS,
             state={"backend": "redis", "url": server.url})
-        proxy = await aiohttp_server(build_app(config, counter=counter))
-        await proxy.app[WORK].start(str(proxy.make_url("")))
-        client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="team-key",
-                                    max_retries=0)
+        proxy = await serve(aiohttp_server, config, counter)
+        client = proxy.sdk()
         uploaded = await client.files.create(
             file=("b.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch")
         server.stop()
@@ -544,7 +539,7 @@ async def test_a_store_that_cannot_be_reached_is_a_503_and_nothing_crashes(
             await client.files.retrieve(uploaded.id)
         assert info.value.status_code == 503 and "store" in str(info.value)
         await asyncio.sleep(1.5)  # the runner's lease loop meets the same trouble, and lives
-        status = await _get(Proxy(proxy, FakeUpstream()), "/admin/status")
+        status = await _get(proxy, "/admin/status")
         assert "error" in status["work"]
         server.start()
         with pytest.raises(openai.NotFoundError):  # this Redis kept nothing: gone, not 5xx
@@ -562,10 +557,7 @@ async def test_urgent_calls_keep_their_waits_while_thousands_of_lines_run(
         tiers=[{"name": "high", "weight": 8, "reserve": 2}, {"name": "low"}],
         classify={"default_tier": "high"}, batch={"tier": "low", "max_in_flight": 64},
         storage={"path": str(tmp_path / "w.db")})
-    proxy = await aiohttp_server(build_app(config, counter=counter))
-    await proxy.app[WORK].start(str(proxy.make_url("")))
-    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="x",
-                                max_retries=0)
+    client = (await serve(aiohttp_server, config, counter)).sdk("x")
     batch = await submit(client, jsonl([chat_line(f"t{i}") for i in range(3000)]))
     async with asyncio.timeout(10):  # the batch has the slots it may have
         while (await client.batches.retrieve(batch.id)).request_counts.completed < 4:

@@ -50,6 +50,17 @@ async def replicas(settings: StateSettings, *names: str) -> AsyncIterator[list[R
             await state.close()
 
 
+@contextlib.asynccontextmanager
+async def private_redis() -> AsyncIterator[tuple[PrivateRedis, StateSettings]]:
+    """A Redis of the test's own (to stop and start again), and settings on it."""
+    server = PrivateRedis()
+    server.start()
+    try:
+        yield server, StateSettings(backend="redis", url=server.url, lease_ttl_s=3.0)
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 async def settings() -> AsyncIterator[StateSettings]:
     with prefixed() as (_, prefix):
@@ -161,11 +172,8 @@ async def test_unreachable_redis_local_mode_and_reject_mode() -> None:
 
 
 async def test_redis_restarted_waiters_fall_back_then_shared_mode_returns() -> None:
-    server = PrivateRedis()
-    server.start()
-    settings = StateSettings(backend="redis", url=server.url, lease_ttl_s=3.0)
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with private_redis() as (server, settings), \
+            replicas(settings, "a", "b") as (a, b):
         held = await a.lease("p", 1, 0, 0, 5)
         waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 10))
         await asyncio.sleep(0.1)
@@ -189,10 +197,6 @@ async def test_redis_restarted_waiters_fall_back_then_shared_mode_returns() -> N
         got = await b.lease("p", 1, 0, 0, 1)
         assert got is not None
         b.release(got)
-    finally:
-        await a.close()
-        await b.close()
-        server.stop()
 
 
 BUSY_300_MS = """
@@ -248,11 +252,8 @@ async def test_a_replica_that_closes_takes_its_waiters_out_of_redis(
 
 
 async def test_a_restart_between_two_heartbeats_is_noticed_and_leases_written_back() -> None:
-    server = PrivateRedis()
-    server.start()
-    settings = StateSettings(backend="redis", url=server.url, lease_ttl_s=3.0)
-    a, b = await replica(settings, "a"), await replica(settings, "b")
-    try:
+    async with private_redis() as (server, settings), \
+            replicas(settings, "a", "b") as (a, b):
         held = await a.lease("p", 1, 0, 0, 5)
         assert held is not None
         server.stop()
@@ -261,7 +262,3 @@ async def test_a_restart_between_two_heartbeats_is_noticed_and_leases_written_ba
         with pytest.raises(TimeoutError):  # a's lease is back: b waits
             await b.lease("p", 1, 0, 0, 0.5)
         a.release(held)
-    finally:
-        await a.close()
-        await b.close()
-        server.stop()
