@@ -1,12 +1,18 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
 from proxy.config import Config, parse_config
 from proxy.core.tokens import TokenCounter
+from proxy.http import forward
+from proxy.http.front import FrontRunner
+from proxy.http.state import LIFECYCLE
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +32,53 @@ def config_from(
 @pytest.fixture
 def make_config() -> Callable[..., Config]:
     return config_from
+
+
+class ProxyServer(TestServer):
+    """The proxy's app served as ``serve`` serves it: proxied calls take the fast lane."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return FrontRunner(self.app, forward.ROUTES, **kwargs)
+
+
+def served(app: web.Application, **kwargs: Any) -> TestServer:
+    """A test server for ``app``: the proxy's (``build_app``) with the fast lane, any other
+    (a fake upstream) as aiohttp serves it."""
+    return ProxyServer(app, **kwargs) if LIFECYCLE in app else TestServer(app, **kwargs)
+
+
+@pytest_asyncio.fixture
+async def aiohttp_server() -> AsyncIterator[Callable[..., Any]]:
+    """pytest-aiohttp's fixture, serving the proxy's app with the fast lane."""
+    servers: list[TestServer] = []
+
+    async def go(app: web.Application, *, host: str = "127.0.0.1", port: int | None = None,
+                 **kwargs: Any) -> TestServer:
+        server = served(app, host=host, port=port)
+        await server.start_server(**kwargs)
+        servers.append(server)
+        return server
+
+    yield go
+    while servers:
+        await servers.pop().close()
+
+
+@pytest_asyncio.fixture
+async def aiohttp_client() -> AsyncIterator[Callable[..., Any]]:
+    """pytest-aiohttp's fixture, serving the proxy's app with the fast lane."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def go(param: web.Application | BaseTestServer, *,
+                 server_kwargs: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> TestClient[Any, Any]:
+        server = served(param, **(server_kwargs or {})) if isinstance(
+            param, web.Application) else param
+        client: TestClient[Any, Any] = TestClient(server, **kwargs)
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield go
+    while clients:
+        await clients.pop().close()

@@ -94,10 +94,8 @@ def build_app(
     app.cleanup_ctx.append(lifecycle)
     app.cleanup_ctx.append(sweeping)
     app.on_shutdown.append(drain)
-    app.router.add_post("/v1/chat/completions", forward.chat_completions)
-    app.router.add_post("/v1/completions", forward.completions)
-    app.router.add_post("/v1/responses", forward.responses)
-    app.router.add_post("/v1/embeddings", forward.embeddings)
+    for path, handler in forward.ROUTES.items():
+        app.router.add_post(path, handler)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/healthz", healthz)

@@ -25,6 +25,7 @@ from ..core.batchdoc import (
 from ..core.batchfile import ENDPOINTS, read_lines
 from ..core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ..core.request import Call
+from .edge import Incoming
 from .state import SERVICE, WORK
 from .work import Work, new_id
 
@@ -227,7 +228,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 # --- background responses ---------------------------------------------------------------
 
-async def create_background(request: web.Request, owner: str, call: Call) -> web.Response:
+async def create_background(request: Incoming, owner: str, call: Call) -> web.Response:
     """A checked ``POST /v1/responses`` with ``background: true`` (and, an extension, the
     same on ``/v1/chat/completions``): stored, answered at once with its id, run in the
     batch tier, fetched with ``GET`` on the same path and the id."""
@@ -238,7 +239,7 @@ async def create_background(request: web.Request, owner: str, call: Call) -> web
         raise StorageUnavailable() from None
 
 
-async def _background(request: web.Request, owner: str, call: Call) -> web.Response:
+async def _background(request: Incoming, owner: str, call: Call) -> web.Response:
     work = request.app[WORK]
     path = "/v1/chat/completions" if call.kind == "chat" else "/v1/responses"
     if call.stream:

@@ -12,8 +12,10 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar, cast
 
 from aiohttp import web
+from yarl import URL
 
 from ..core.request import BodyLimits, Call, Kind, parse_call
 from ..core.tokens import TokenCounter
@@ -29,8 +31,38 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _ANSWER_HEADERS = ("content-type", "openai-processing-ms")
 _ERROR_HEADERS = (*_ANSWER_HEADERS, "retry-after", "retry-after-ms")
 
+_T = TypeVar("_T")
 
-async def read_call(request: web.Request, kind: Kind, limits: BodyLimits,
+
+class Incoming(Protocol):
+    """What a proxied call's handler uses of its request: aiohttp's ``web.Request``, or
+    the fast lane's (``proxy.http.front``)."""
+
+    @property
+    def app(self) -> web.Application: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def rel_url(self) -> URL: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+    async def read(self) -> bytes: ...
+    def __getitem__(self, key: web.RequestKey[_T]) -> _T: ...
+    def __setitem__(self, key: web.RequestKey[_T], value: _T) -> None: ...
+    def get(self, key: web.RequestKey[bool], /) -> Any: ...
+
+
+def written_by_aiohttp(request: Incoming) -> web.BaseRequest:
+    """The request as aiohttp's response writers take it (``prepare``): the fast lane's
+    request has the few attributes they read (version, keep-alive, its writer)."""
+    return cast(web.BaseRequest, request)
+
+
+async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,
                     counter: TokenCounter) -> Call:
     raw = await request.read()
     if len(raw) <= OFFLOAD_BYTES:

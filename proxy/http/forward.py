@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -39,7 +40,7 @@ from .accounting import record_usage
 from .auth import ON_BEHALF
 from .batches import create_background
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
-from .edge import read_call, upstream_headers
+from .edge import Incoming, read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
 from .service import Service
@@ -53,7 +54,7 @@ FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
 class Exchange:
     """One call's HTTP side: what the client will get, once there is something."""
 
-    request: web.Request
+    request: Incoming
     plan: Plan
     attempts: Attempts
     answer: web.StreamResponse | None = None
@@ -62,7 +63,7 @@ class Exchange:
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
 
 
-async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResponse:
+async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamResponse:
     service = request.app[SERVICE]
     arrived = service.clock.now()
     record = request[RECORD]
@@ -126,11 +127,14 @@ async def forward(request: web.Request, path: str, kind: Kind) -> web.StreamResp
                        usage.total if usage is not None else None)
 
 
-# The routes' handlers: partials, so a queued call holds no extra coroutine frame.
-chat_completions = functools.partial(forward, path="/chat/completions", kind="chat")
-completions = functools.partial(forward, path="/completions", kind="completions")
-responses = functools.partial(forward, path="/responses", kind="responses")
-embeddings = functools.partial(forward, path="/embeddings", kind="embeddings")
+# The proxied routes (POST) and their handlers: partials, so a queued call holds no extra
+# coroutine frame. aiohttp's router and the fast lane (``proxy.http.front``) serve these.
+_KINDS: dict[str, Kind] = {"/chat/completions": "chat", "/completions": "completions",
+                          "/responses": "responses", "/embeddings": "embeddings"}
+ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
+    f"/v1{path}": functools.partial(forward, path=path, kind=kind)
+    for path, kind in _KINDS.items()
+}
 
 
 def _within_budget(service: Service, key: str) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import itertools
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 from aiohttp import web
@@ -13,7 +15,7 @@ from aiohttp.typedefs import Handler
 
 from ..core.errors import InvalidRequest, ProxyError, RequestTooLarge
 from .access import CallRecord
-from .edge import client_request_id
+from .edge import Incoming, client_request_id
 from .state import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID, SERVICE
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,10 @@ class RequestIds:
 REQUEST_IDS = web.AppKey("request_ids", RequestIds)
 
 
-def _request_id(request: web.Request) -> str:
+R = TypeVar("R", bound=Incoming)
+
+
+def _request_id(request: Incoming) -> str:
     return client_request_id(request.headers) or request.app[REQUEST_IDS].next()
 
 
@@ -65,6 +70,13 @@ def _from_http(exc: web.HTTPException) -> ProxyError:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    return await guarded(request, handler)
+
+
+async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    """Around every call's handler, whichever server took the request (aiohttp's, or the
+    fast lane of ``proxy.http.front``)."""
     request_id = _request_id(request)
     request[REQUEST_ID] = request_id
     service = request.app[SERVICE]

@@ -16,7 +16,7 @@ from ..core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ..core.fleet import Verdict
 from ..core.route import Deployment
 from .drain import FAREWELL_S
-from .edge import upstream_headers
+from .edge import Incoming, upstream_headers, written_by_aiohttp
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from .upstream import UpstreamResponse
@@ -167,7 +167,7 @@ def error_event(message: str, code: str) -> bytes:
 
 
 def answer_headers(
-    request: web.Request, tier_name: str, queue_s: float, deployment: Deployment,
+    request: Incoming, tier_name: str, queue_s: float, deployment: Deployment,
     response: UpstreamResponse,
 ) -> dict[str, str]:
     headers = upstream_headers(response.headers)
@@ -251,7 +251,7 @@ async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
         raise _ClientGone() from exc
 
 
-def _hang_up(request: web.Request) -> None:
+def _hang_up(request: Incoming) -> None:
     """Close a connection whose client stopped reading, so nothing is left half-sent and
     the stream cannot later look complete."""
     if request.transport is not None:
@@ -260,7 +260,7 @@ def _hang_up(request: web.Request) -> None:
 
 async def relay(
     service: Service,
-    request: web.Request,
+    request: Incoming,
     headers: dict[str, str],
     deployment: Deployment,
     chunks: AsyncIterator[bytes],
@@ -279,7 +279,7 @@ async def relay(
     request[COMMITTED] = True
     watchdog = _Watchdog(timeout_s)
     try:
-        await watchdog.send(answer.prepare(request))
+        await watchdog.send(answer.prepare(written_by_aiohttp(request)))
         await watchdog.send(answer.write(tally.feed(first)))
         async for chunk in chunks:
             data = tally.feed(chunk)

@@ -12,8 +12,10 @@ from aiohttp import web
 
 from ..config import Config
 from ..core.errors import InvalidConfig
+from . import forward
 from .app import build_app
 from .edge import is_loopback
+from .front import FrontRunner
 from .state import LIFECYCLE, RELOADER, SERVICE, WORK
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,10 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     app = build_app(config, config_path=config_path, internal_token=internal_token)
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
-    # the proxy's own (one line per call, however it ends), not aiohttp's.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None,
+    # the proxy's own (one line per call, however it ends), not aiohttp's. Proxied calls
+    # take the fast lane (``front``) where they can.
+    runner = FrontRunner(
+        app, forward.ROUTES, handler_cancellation=True, access_log=None,
         shutdown_timeout=config.drain_timeout_s + AIOHTTP_GRACE_S,
     )
     await runner.setup()

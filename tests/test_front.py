@@ -1,0 +1,381 @@
+"""The fast lane (``proxy.http.front``): which heads it takes and which it hands to aiohttp
+(checked against httptools' parser), and over real sockets: keep-alive, pipelining, bytes
+trickling in, the hand-over mid-connection, a client leaving, back-pressure, idle
+connections and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httptools
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core.tokens import TokenCounter
+from proxy.http import forward, front
+from proxy.http.app import build_app
+from proxy.http.front import OTHER, FrontServer, Head, read_head
+
+from .conftest import config_from
+from .fakes import FakeUpstream
+
+Factory = Callable[..., Awaitable[Any]]
+ROUTES = forward.ROUTES
+BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def post(*extra: bytes, path: str = "/v1/chat/completions", body: bytes = BODY) -> bytes:
+    head = [b"POST " + path.encode() + b" HTTP/1.1", b"host: proxy",
+            b"content-type: application/json", b"authorization: Bearer sk-x",
+            b"content-length: " + str(len(body)).encode(), *extra]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+LENGTH = b"content-length: %d" % len(BODY)
+GET_MODELS = b"GET /v1/models HTTP/1.1\r\nhost: proxy\r\n\r\n"
+
+
+# --- which heads the lane takes --------------------------------------------------------------
+
+def test_a_plain_call_is_read_whole() -> None:
+    data = post() + b"POST /v1/next"
+    head = read_head(data, ROUTES, 1 << 20)
+    assert isinstance(head, Head)
+    assert (head.path, head.length, head.keep_alive) == ("/v1/chat/completions", len(BODY), True)
+    assert head.headers["Authorization"] == "Bearer sk-x"
+    assert data[head.size:head.size + head.length] == BODY
+
+
+def test_a_head_is_awaited_until_whole() -> None:
+    data = post()
+    end = data.index(b"\r\n\r\n") + 4
+    assert all(read_head(data[:n], ROUTES, 1 << 20) is None for n in range(end))
+    assert isinstance(read_head(data[:end], ROUTES, 1 << 20), Head)
+
+
+@pytest.mark.parametrize("data", [
+    GET_MODELS,
+    b"G",  # known at the first byte
+    b"PUT /v1/chat/completions HTTP/1.1\r\n\r\n",
+    post(path="/v1/models"),
+    post(path="/v1/chat/completions?api-version=1"),
+    post().replace(b"HTTP/1.1", b"HTTP/1.0", 1),
+    post().replace(b"POST /v1/chat/completions", b"POST  /v1/chat/completions"),
+    post(b"transfer-encoding: chunked"),
+    post(b"content-encoding: gzip"),
+    post(b"expect: 100-continue"),
+    post(b"upgrade: websocket", b"connection: upgrade"),
+    post(b"connection: keep-alive, Upgrade"),
+    post(b"content-length: 3"),  # two lengths
+    post(b"x-folded: a", b" continued"),  # obs-fold
+    post(b"bad name: x"),
+    post(b"x-ctl: a\x01b"),
+    post(b"x-bare: a\nb"),
+    post().replace(LENGTH, b"content-length: 5\xc2\xb2"),
+    post().replace(LENGTH, b"content-length: -1"),
+    post().replace(LENGTH, b"content-length: 0x39"),
+    post(*[b"x-many-%d: v" % i for i in range(130)]),
+    post(b"x-long: " + b"a" * front.MAX_HEAD),
+    b"POST /v1/chat/completions HTTP/1.1\r\nx: " + b"a" * front.MAX_HEAD,  # never ends
+], ids=lambda data: repr(data[:40]) + str(len(data)))
+def test_heads_the_lane_leaves_to_aiohttp(data: bytes) -> None:
+    assert read_head(data, ROUTES, 1 << 20) is OTHER
+
+
+def test_a_body_over_the_limit_goes_to_aiohttp_which_answers_413() -> None:
+    assert read_head(post(), ROUTES, len(BODY)) != OTHER
+    assert read_head(post(), ROUTES, len(BODY) - 1) is OTHER
+
+
+def test_connection_close_and_odd_but_valid_heads() -> None:
+    head = read_head(post(b"Connection: Close"), ROUTES, 1 << 20)
+    assert isinstance(head, Head) and not head.keep_alive
+    head = read_head(post(b"X-Spaced:\t  two words \t", b"x-utf: \xc3\xa9\xff",
+                          b"x-empty:"), ROUTES, 1 << 20)
+    assert isinstance(head, Head)
+    assert head.headers["x-spaced"] == "two words"
+    assert head.headers["x-utf"] == "é\udcff"  # as aiohttp decodes what is not UTF-8
+    assert head.headers["x-empty"] == ""
+    no_body = b"POST /v1/embeddings HTTP/1.1\r\n\r\n"
+    head = read_head(no_body, ROUTES, 1 << 20)
+    assert isinstance(head, Head) and (head.length, head.size) == (0, len(no_body))
+
+
+class _Parsed:
+    """httptools' reading of one request: the oracle."""
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def _oracle(data: bytes) -> _Parsed | None:
+    parsed = _Parsed()
+    parser = httptools.HttpRequestParser(parsed)
+    try:
+        parser.feed_data(data)
+    except httptools.HttpParserError:
+        return None
+    return parsed
+
+
+_TOKEN = st.text("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                 min_size=1, max_size=12)
+_VALUE = st.binary(max_size=24).map(
+    lambda raw: bytes(b for b in raw if b == 9 or 32 <= b < 127 or b >= 128).strip(b" \t"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.tuples(_TOKEN, _VALUE), max_size=12),
+       body=st.binary(max_size=64), path=st.sampled_from(sorted(ROUTES)))
+def test_what_the_lane_reads_is_what_httptools_reads(
+        fields: list[tuple[str, bytes]], body: bytes, path: str) -> None:
+    special = {"content-length", "transfer-encoding", "content-encoding", "expect", "upgrade",
+               "connection"}
+    fields = [(name, value) for name, value in fields if name.lower() not in special]
+    extra = [name.encode() + b": " + value for name, value in fields]
+    data = post(*extra, path=path, body=body)
+    head = read_head(data, ROUTES, 1 << 20)
+    assert isinstance(head, Head)
+    parsed = _oracle(data)
+    assert parsed is not None and parsed.complete
+    assert parsed.url.decode() == head.path
+    assert [(n.decode(), v.decode("utf-8", "surrogateescape")) for n, v in parsed.headers] \
+        == list(head.headers.items())
+    assert data[head.size:head.size + head.length] == parsed.body == body
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200).map(lambda tail: post()[:60] + tail))
+def test_whatever_the_bytes_the_lane_never_takes_what_httptools_refuses(data: bytes) -> None:
+    head = read_head(data, ROUTES, 1 << 20)
+    if isinstance(head, Head):
+        parsed = _oracle(data[:head.size + head.length])
+        assert parsed is not None and parsed.complete
+        assert len(parsed.headers) == len(head.headers)
+
+
+# --- over real sockets -----------------------------------------------------------------------
+
+async def serve(aiohttp_server: Factory, counter: TokenCounter, fake: FakeUpstream,
+                concurrency: int = 4) -> TestServer:
+    upstream = await aiohttp_server(fake.app())
+    provider = {"name": "p", "base_url": str(upstream.make_url("/v1")), "api_key": "sk-p",
+                "max_concurrency": concurrency}
+    config = config_from([provider], {"m": [{"provider": "p", "model": "up"}]})
+    proxy: TestServer = await aiohttp_server(build_app(config, counter=counter))
+    return proxy
+
+
+def lanes(proxy: TestServer) -> int:
+    assert proxy.runner is not None and isinstance(proxy.runner.server, FrontServer)
+    return len(proxy.runner.server.lanes)
+
+
+class Answers:
+    """The responses read off one raw connection, in order."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._parser = httptools.HttpResponseParser(self)
+        self.got: list[tuple[int, bytes]] = []
+        self._body = b""
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        self.got.append((self._parser.get_status_code(), self._body))
+        self._body = b""
+
+    async def read(self, count: int, timeout_s: float = 5.0) -> list[tuple[int, bytes]]:
+        async with asyncio.timeout(timeout_s):
+            while len(self.got) < count:
+                data = await self._reader.read(65536)
+                assert data, f"connection closed after {self.got}"
+                self._parser.feed_data(data)
+        taken, self.got = self.got[:count], self.got[count:]
+        return taken
+
+
+async def connect(proxy: TestServer) -> tuple[asyncio.StreamWriter, Answers]:
+    assert proxy.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    return writer, Answers(reader)
+
+
+def is_completion(answer: tuple[int, bytes]) -> bool:
+    return answer[0] == 200 and orjson.loads(answer[1])["object"] == "chat.completion"
+
+
+async def test_calls_on_one_connection_stay_in_the_lane_until_another_route(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    proxy = await serve(aiohttp_server, counter, fake)
+    writer, answers = await connect(proxy)
+    for _ in range(2):
+        writer.write(post())
+        assert is_completion((await answers.read(1))[0])
+        assert lanes(proxy) == 1
+    writer.write(GET_MODELS)
+    (status, body), = await answers.read(1)
+    assert status == 200 and orjson.loads(body)["data"][0]["id"] == "m"
+    assert lanes(proxy) == 0  # aiohttp has it now, and serves calls on it too
+    writer.write(post())
+    assert is_completion((await answers.read(1))[0])
+    assert len(fake.seen) == 3
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    embedding = post(path="/v1/embeddings", body=orjson.dumps({"model": "m", "input": "x"}))
+    writer.write(post() + embedding + b"GET /healthz HTTP/1.1\r\nhost: p\r\n\r\n" + post())
+    got = await answers.read(4)
+    assert is_completion(got[0])
+    assert orjson.loads(got[1][1])["object"] == "list"
+    assert got[2] == (200, b'{"status":"ok"}')
+    assert is_completion(got[3])
+    writer.close()
+
+
+async def test_a_call_trickling_in_byte_by_byte_is_served(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    for byte in post():
+        writer.write(bytes([byte]))
+        await writer.drain()
+        await asyncio.sleep(0)
+    assert is_completion((await answers.read(1))[0])
+    assert lanes(proxy) == 1
+    writer.close()
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\r\nauthorization: Bearer x\r\n"
+     b"transfer-encoding: chunked\r\n\r\n" + f"{len(BODY):x}".encode() + b"\r\n" + BODY
+     + b"\r\n0\r\n\r\n", 200),
+    (post(path="/v1/chat/completions?trace=1"), 200),
+    (post().replace(b"host: proxy", b"host: proxy\r\n folded"), 400),
+    (post().replace(LENGTH, LENGTH + b"\r\ncontent-length: 99"), 400),
+])
+async def test_what_the_lane_leaves_aiohttp_answers(
+        aiohttp_server: Factory, counter: TokenCounter, request_bytes: bytes,
+        status: int) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    writer.write(request_bytes)
+    got, = await answers.read(1)
+    assert got[0] == status
+    assert status != 200 or is_completion(got)
+    assert lanes(proxy) == 0
+    writer.close()
+
+
+async def test_expect_100_continue_is_answered_by_aiohttp(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    head = post(b"expect: 100-continue", body=b"").replace(b"content-length: 0", LENGTH)
+    writer.write(head)
+    data = await asyncio.wait_for(answers._reader.readuntil(b"\r\n\r\n"), 5)
+    assert data.startswith(b"HTTP/1.1 100 Continue")
+    writer.write(BODY)
+    assert is_completion((await answers.read(1))[0])
+    writer.close()
+
+
+async def test_connection_close_ends_the_connection_after_the_answer(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    writer.write(post(b"connection: close"))
+    assert is_completion((await answers.read(1))[0])
+    assert await asyncio.wait_for(answers._reader.read(), 5) == b""
+    writer.close()
+
+
+async def test_a_client_leaving_while_queued_is_never_sent_upstream(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream(hold_s=0.5)
+    proxy = await serve(aiohttp_server, counter, fake, concurrency=1)
+    first, first_answers = await connect(proxy)
+    first.write(post())
+    await asyncio.sleep(0.1)
+    second, _ = await connect(proxy)
+    second.write(post())
+    await asyncio.sleep(0.1)
+    second.close()
+    assert is_completion((await first_answers.read(1))[0])
+    first.write(post())
+    assert is_completion((await first_answers.read(1))[0])
+    assert len(fake.seen) == 2  # the first call, then the third: never the one that left
+    first.close()
+
+
+async def test_pipelined_bytes_past_the_hold_limit_pause_reading_then_are_served(
+        aiohttp_server: Factory, counter: TokenCounter,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front, "HOLD_BYTES", 200)
+    proxy = await serve(aiohttp_server, counter, FakeUpstream(hold_s=0.2))
+    writer, answers = await connect(proxy)
+    writer.write(post() * 6)
+    await asyncio.sleep(0.1)
+    assert proxy.runner is not None and isinstance(proxy.runner.server, FrontServer)
+    lane, = proxy.runner.server.lanes
+    assert lane._buffer_paused  # the first call is still upstream
+    got = await answers.read(6)
+    assert all(is_completion(answer) for answer in got)
+    writer.write(post())  # reading resumed
+    assert is_completion((await answers.read(1))[0])
+    writer.close()
+
+
+async def test_an_idle_connection_closes_after_the_keepalive_limit_a_busy_one_does_not(
+        aiohttp_server: Factory, counter: TokenCounter,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front, "KEEPALIVE_S", 0.3)
+    proxy = await serve(aiohttp_server, counter, FakeUpstream(hold_s=1.2))
+    writer, answers = await connect(proxy)
+    writer.write(post())
+    assert is_completion((await answers.read(1))[0])  # took longer than the limit
+    assert await asyncio.wait_for(answers._reader.read(), 3) == b""
+    assert lanes(proxy) == 0
+    writer.close()
+
+
+async def test_shutdown_closes_idle_connections_and_finishes_calls_in_flight(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream(hold_s=0.5))
+    idle, idle_answers = await connect(proxy)
+    busy, busy_answers = await connect(proxy)
+    busy.write(post())
+    await asyncio.sleep(0.1)
+    closing = asyncio.ensure_future(proxy.close())
+    assert await asyncio.wait_for(idle_answers._reader.read(), 0.3) == b""  # at once
+    assert is_completion((await busy_answers.read(1))[0])
+    await closing
+    for writer in (idle, busy):
+        writer.close()
