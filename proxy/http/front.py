@@ -1,9 +1,11 @@
 """The fast lane: proxied calls served without aiohttp's per-request machinery.
 
 aiohttp's server spends about 50 µs of CPU and 13 KiB on a request before its handler runs.
-The lane reads the plain case itself — an HTTP/1.1 ``POST`` to a proxied route, with a well
-formed head and a ``Content-Length`` body within the limit — and runs the same middleware
-and handler on it, answering through aiohttp's own response writer. Anything else (another
+The lane reads the plain case itself (``proxy.http.head``) — an HTTP/1.1 ``POST`` to a
+proxied route, with a well formed head and a ``Content-Length`` body within the limit — and
+runs the same middleware and handler on it, as soon as the head is in (a wrong key is
+refused before its body is read, as aiohttp does). A plain answer is written in one go;
+streams go through aiohttp's own response writer. Anything else (another
 route, a query string, a chunked or compressed body, ``Expect``, ``Upgrade``, a head it does
 not accept, a body over the limit) hands the connection, from that request's first byte, to
 aiohttp's protocol, which serves it and whatever follows on that connection.
@@ -12,19 +14,20 @@ aiohttp's protocol, which serves it and whatever follows on that connection.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_writer import HttpVersion11, StreamWriter
-from multidict import CIMultiDict, CIMultiDictProxy
+from aiohttp.tcp_helpers import tcp_keepalive
+from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
 from .edge import Incoming, written_by_aiohttp
+from .head import Head, HeadReader, Other, whole_answer
 from .middleware import errors_middleware, guarded
 
 log = logging.getLogger(__name__)
@@ -32,74 +35,10 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Handler = Callable[[Incoming], Awaitable[web.StreamResponse]]
 
-MAX_HEAD = 16 * 1024  # longer heads go to aiohttp, which answers 400 or 431
-MAX_FIELDS = 128  # aiohttp's own limit
-HOLD_BYTES = 64 * 1024  # read no more while a request is served and this much waits
-KEEPALIVE_S = 3630.0  # aiohttp's own idle limit for a connection between requests
-
-_PREFIX = b"POST /v1/"
-_LINE = re.compile(rb"POST (/v1/[a-z/]+) HTTP/1\.1\r\n")
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_VALUE = rb"[\t\x20-\x7e\x80-\xff]*"
-_FIELDS = re.compile(rb"(?:" + _TOKEN + rb":" + _VALUE + rb"\r\n)*")
-# Headers that need aiohttp's handling: chunked or compressed bodies, 100-continue, upgrades.
-_AIOHTTPS = ("transfer-encoding", "content-encoding", "expect", "upgrade")
-_FIELD = re.compile(rb"(" + _TOKEN + rb"):[\t ]*(" + _VALUE + rb"?)[\t ]*\r\n")
-
-
-@dataclass(slots=True, frozen=True)
-class Head:
-    """A request head the lane serves: its route, headers and framing."""
-
-    path: str
-    headers: CIMultiDictProxy[str]
-    size: int  # bytes of the head, blank line included
-    length: int  # bytes of the body that follows
-    keep_alive: bool
-
-
-class Other:
-    """The verdict on a head the lane leaves to aiohttp."""
-
-
-OTHER = Other()
-
-
-def read_head(data: bytes | bytearray, routes: Mapping[str, object],
-              max_body: int) -> Head | Other | None:
-    """The head at the start of ``data``: a ``Head``, ``OTHER`` for aiohttp, or None
-    while it is not whole yet."""
-    start = data[:len(_PREFIX)]
-    if not _PREFIX.startswith(start):
-        return OTHER
-    end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
-    if end < 0:
-        return OTHER if len(data) >= MAX_HEAD else None
-    line = _LINE.match(data)
-    if line is None or (path := line[1].decode()) not in routes:
-        return OTHER
-    fields_end = end + 2
-    if _FIELDS.fullmatch(data, line.end(), fields_end) is None:
-        return OTHER
-    pairs = _FIELD.findall(data, line.end(), fields_end)
-    if len(pairs) > MAX_FIELDS:
-        return OTHER
-    headers = CIMultiDictProxy(CIMultiDict(
-        (name.decode(), value.decode("utf-8", "surrogateescape")) for name, value in pairs))
-    if any(name in headers for name in _AIOHTTPS):
-        return OTHER
-    lengths = headers.getall("content-length", ())
-    if len(lengths) > 1 or (lengths and not (
-            lengths[0].isascii() and lengths[0].isdigit() and len(lengths[0]) <= 15)):
-        return OTHER
-    length = int(lengths[0]) if lengths else 0
-    if length > max_body:
-        return OTHER
-    connection = {token.strip() for token in
-                  ",".join(headers.getall("connection", ())).lower().split(",")}
-    if "upgrade" in connection:
-        return OTHER
-    return Head(path, headers, end + 4, length, "close" not in connection)
+HOLD_BYTES = 64 * 1024  # read no more while a request is served and this much waits beyond it
+# aiohttp's own defaults for the settings the lane shares with its RequestHandler.
+_AIOHTTP_DEFAULTS = {name: parameter.default for name, parameter in
+                     inspect.signature(RequestHandler.__init__).parameters.items()}
 
 
 class FastRequest:
@@ -110,6 +49,7 @@ class FastRequest:
         "_payload_writer",
         "_protocol",
         "_state",
+        "_waiter",
         "app",
         "headers",
         "keep_alive",
@@ -118,13 +58,13 @@ class FastRequest:
     method = "POST"
     version = HttpVersion11
 
-    def __init__(self, app: web.Application, head: Head, body: bytes,
-                 protocol: FrontProtocol) -> None:
+    def __init__(self, app: web.Application, head: Head, protocol: FrontProtocol) -> None:
         self.app = app
         self.path = head.path
         self.headers = head.headers
         self.keep_alive = head.keep_alive
-        self._body = body
+        self._body: bytes | None = None  # until it has all come in
+        self._waiter: asyncio.Future[None] | None = None
         self._protocol = protocol
         self._payload_writer = StreamWriter(protocol, protocol.loop)
         self._state: dict[web.RequestKey[Any], Any] = {}
@@ -138,7 +78,16 @@ class FastRequest:
         return URL.build(path=self.path, encoded=True)
 
     async def read(self) -> bytes:
+        if self._body is None:
+            self._waiter = self._protocol.loop.create_future()
+            await self._waiter
+            assert self._body is not None
         return self._body
+
+    def arrived(self, body: bytes) -> None:
+        self._body = body
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def __getitem__(self, key: web.RequestKey[_T]) -> _T:
         return cast(_T, self._state[key])
@@ -160,8 +109,8 @@ class FrontProtocol(BaseProtocol):
         "_buffer",
         "_closing",
         "_front",
-        "_head",
         "_idle_since",
+        "_reading",
         "_task_handler",
         "_timer",
     )
@@ -170,7 +119,7 @@ class FrontProtocol(BaseProtocol):
         super().__init__(front.loop)
         self._front = front
         self._buffer = bytearray()
-        self._head: Head | None = None
+        self._reading: tuple[FastRequest, int] | None = None  # a body still coming in
         self._task_handler: asyncio.Task[None] | None = None
         self._closing = False
         self._idle_since = front.loop.time()
@@ -182,8 +131,12 @@ class FrontProtocol(BaseProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._front.tcp_keepalive:
+            tcp_keepalive(cast(asyncio.Transport, transport))
         self._front.lanes.add(self)
-        self._timer = self._loop.call_at(self._idle_since + KEEPALIVE_S, self._on_timer)
+        if self._front.keepalive_s > 0:
+            self._timer = self._loop.call_at(self._idle_since + self._front.keepalive_s,
+                                             self._on_timer)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -200,37 +153,58 @@ class FrontProtocol(BaseProtocol):
         self._buffer += data
         if self._task_handler is None:
             self._advance()
-        if (self._task_handler is not None and len(self._buffer) > HOLD_BYTES
-                and not self._buffer_paused):
+        elif self._reading is not None:
+            self._fill()
+        if (self._task_handler is not None and self._reading is None
+                and len(self._buffer) > HOLD_BYTES and not self._buffer_paused):
             self._pause_reading_for_buffer()
 
     def _advance(self) -> None:
-        """Start the next request if it is all here, or hand the connection to aiohttp."""
-        if self.transport is None or self._closing:
+        """Start the next request once its head is in, or hand the connection to aiohttp."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._closing:
             return
-        head = self._head
+        head = self._front.reader.read(self._buffer)
         if head is None:
-            verdict = read_head(self._buffer, self._front.routes, self._front.max_body)
-            if verdict is None:
-                return
-            if isinstance(verdict, Other):
-                self._hand_over()
-                return
-            head = self._head = verdict
-        end = head.size + head.length
-        if len(self._buffer) < end:
             return
-        body = bytes(memoryview(self._buffer)[head.size:end])
-        self._buffer = self._buffer[end:]
-        self._head = None
-        request = FastRequest(self._front.app, head, body, self)
+        if isinstance(head, Other):
+            self._hand_over()
+            return
+        del self._buffer[:head.size]
+        request = FastRequest(self._front.app, head, self)
+        self._reading = (request, head.length)
+        self._fill()
         self._task_handler = self._loop.create_task(self._serve(request))
+
+    def _fill(self) -> None:
+        """Hand the body over once it has all come in."""
+        assert self._reading is not None
+        request, length = self._reading
+        if len(self._buffer) < length:
+            return
+        body = bytes(memoryview(self._buffer)[:length])
+        self._buffer = self._buffer[length:]
+        self._reading = None
+        request.arrived(body)
 
     async def _serve(self, request: FastRequest) -> None:
         try:
             response = await guarded(request, self._front.routes[request.path])
-            await response.prepare(written_by_aiohttp(request))
-            await response.write_eof()
+            keep_alive = (request.keep_alive and response.keep_alive is not False
+                          and self._reading is None)  # else the body's rest is unread
+            whole = whole_answer(response, keep_alive)
+            if whole is None:
+                if not keep_alive:
+                    response.force_close()
+                await response.prepare(written_by_aiohttp(request))
+                await response.write_eof()
+            else:
+                assert self.transport is not None
+                self.transport.writelines(whole)
+                await self._drain_helper()
+        except asyncio.CancelledError:
+            self._close()
+            raise
         except Exception:  # the client left mid-answer, or a half-sent answer failed
             log.debug("fast lane: answer not delivered", exc_info=True)
             if self.transport is not None:
@@ -239,14 +213,17 @@ class FrontProtocol(BaseProtocol):
         finally:
             self._task_handler = None
         self._idle_since = self._loop.time()
-        if not response.keep_alive or self._closing:
-            if self.transport is not None:
-                self.transport.close()
+        if not keep_alive or self._closing:
+            self._close()
             return
         if self._buffer_paused:
             self._resume_reading_for_buffer()
         if self._buffer:
             self._advance()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def _hand_over(self) -> None:
         transport = self.transport
@@ -255,7 +232,7 @@ class FrontProtocol(BaseProtocol):
         if self._timer is not None:
             self._timer.cancel()
         data, self._buffer = bytes(self._buffer), bytearray()
-        handler = self._front.aiohttp_protocol()
+        handler = self._front.inner()
         self.transport = None
         transport.set_protocol(handler)
         handler.connection_made(transport)
@@ -266,18 +243,17 @@ class FrontProtocol(BaseProtocol):
         handler.data_received(data)
 
     def _on_timer(self) -> None:
-        due = self._idle_since + KEEPALIVE_S
+        due = self._idle_since + self._front.keepalive_s
         if self._task_handler is None and self._loop.time() >= due:
-            if self.transport is not None:
-                self.transport.close()
+            self._close()
             return
         self._timer = self._loop.call_at(max(due, self._loop.time() + 1.0), self._on_timer)
 
     def close(self) -> None:
         """Shutdown has begun: no new request; an idle connection closes now."""
         self._closing = True
-        if self._task_handler is None and self.transport is not None:
-            self.transport.close()
+        if self._task_handler is None:
+            self._close()
 
     async def shutdown(self, timeout_s: float | None) -> None:
         """The last step of shutdown: wait for the request in progress, then end it."""
@@ -287,8 +263,7 @@ class FrontProtocol(BaseProtocol):
             await asyncio.wait({task}, timeout=timeout_s)
             task.cancel()
             await asyncio.wait({task}, timeout=timeout_s)
-        if self.transport is not None:
-            self.transport.close()
+        self._close()
 
 
 class FrontServer(web.Server):
@@ -302,16 +277,18 @@ class FrontServer(web.Server):
         self.inner = inner
         self.app = app
         self.routes = routes
-        self.max_body: int = app._client_max_size
         self.loop = asyncio.get_running_loop()
         self.lanes: set[FrontProtocol] = set()
+        # The runner's settings for aiohttp's RequestHandler hold in the lane too.
+        settings = {**_AIOHTTP_DEFAULTS, **inner._kwargs}
+        self.keepalive_s: float = settings["keepalive_timeout"]
+        self.tcp_keepalive: bool = settings["tcp_keepalive"]
+        self.reader = HeadReader(routes, app._client_max_size, settings["max_field_size"],
+                                 settings["max_headers"])
 
     def __call__(self) -> FrontProtocol:  # type: ignore[override]
         """A new connection: the listener's protocol factory."""
         return FrontProtocol(self)
-
-    def aiohttp_protocol(self) -> asyncio.Protocol:
-        return self.inner()
 
     def pre_shutdown(self) -> None:
         for lane in list(self.lanes):

@@ -1,0 +1,133 @@
+"""Bytes in and out of the fast lane (``proxy.http.front``): which request heads it takes,
+read as aiohttp would read them, and plain answers written as aiohttp would write them.
+
+The lane is stricter than aiohttp, never looser: whatever it is not sure of is ``OTHER``,
+for aiohttp's parser to accept or refuse. Every pattern here runs in linear time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_parser import SINGLETON_HEADERS
+from multidict import CIMultiDict, CIMultiDictProxy
+
+MAX_HEAD = 16 * 1024  # longer heads go to aiohttp, which answers 400 or 431
+MAX_NAME = 64  # longer header names go to aiohttp
+
+_PREFIX = b"POST /v1/"
+_LINE = re.compile(rb"POST (/v1/[a-z/]+) HTTP/1\.1\r\n")
+_TOKEN = "[!#$%&'*+\\-.^_`|~0-9A-Za-z]"
+_FIELD = re.compile(f"({_TOKEN}+):[ \\t]*((?:[ \\t]*[^\\r\\n \\t])*)[ \\t]*\\r\\n")
+# Headers that need aiohttp's handling: chunked or compressed bodies, 100-continue, upgrades
+# (and the old WebSocket handshake aiohttp refuses).
+_AIOHTTPS = ("transfer-encoding", "content-encoding", "expect", "upgrade",
+             "sec-websocket-key1")
+
+
+@dataclass(slots=True, frozen=True)
+class Head:
+    """A request head the lane serves: its route, headers and framing."""
+
+    path: str
+    headers: CIMultiDictProxy[str]
+    size: int  # bytes of the head, blank line included
+    length: int  # bytes of the body that follows
+    keep_alive: bool
+
+
+class Other:
+    """The verdict on a head the lane leaves to aiohttp."""
+
+
+OTHER = Other()
+
+
+class HeadReader:
+    """Reads heads within aiohttp's limits for the server (``max_field_size``,
+    ``max_headers``) and the body limit of the app."""
+
+    def __init__(self, routes: Mapping[str, object], max_body: int, max_field_size: int,
+                 max_headers: int) -> None:
+        self.routes = routes
+        self.max_body = max_body
+        self.max_headers = max_headers
+        value = max(max_field_size - MAX_NAME - 1, 0)
+        self._fields = re.compile(
+            rb"(?:" + _TOKEN.encode() + b"{1,%d}:[\\t\\x20-\\x7e\\x80-\\xff]{0,%d}\\r\\n)*"
+            % (MAX_NAME, value))
+
+    def read(self, data: bytes | bytearray) -> Head | Other | None:
+        """The head at the start of ``data``: a ``Head``, ``OTHER`` for aiohttp, or None
+        while it is not whole yet."""
+        if not _PREFIX.startswith(data[:len(_PREFIX)]):
+            return OTHER
+        end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
+        if end < 0:
+            return OTHER if len(data) >= MAX_HEAD else None
+        line = _LINE.match(data)
+        if line is None or (path := line[1].decode()) not in self.routes:
+            return OTHER
+        block = data[line.end():end + 2]
+        if self._fields.fullmatch(block) is None:
+            return OTHER
+        pairs = _FIELD.findall(block.decode("utf-8", "surrogateescape"))
+        if len(pairs) > self.max_headers:
+            return OTHER
+        headers = CIMultiDictProxy(CIMultiDict(pairs))
+        if "host" not in headers or any(name in headers for name in _AIOHTTPS):
+            return OTHER
+        if len(headers) != len({name.lower() for name in headers}) and any(
+                len(headers.getall(name, ())) > 1 for name in SINGLETON_HEADERS):
+            return OTHER
+        length = headers.get("content-length", "0")
+        if not (length.isascii() and length.isdigit() and len(length) <= 15):
+            return OTHER
+        if int(length) > self.max_body:
+            return OTHER
+        connection = headers.get("connection")
+        keep_alive = True
+        if connection is not None and connection.lower() != "keep-alive":
+            tokens = {token.strip() for token in
+                      ",".join(headers.getall("connection")).lower().split(",")}
+            if "upgrade" in tokens:
+                return OTHER
+            keep_alive = "close" not in tokens
+        return Head(path, headers, end + 4, int(length), keep_alive)
+
+
+def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes, bytes] | None:
+    """A plain answer (a ``web.Response`` with a bytes body) as aiohttp would write it: the
+    head and the body. None for anything else, which aiohttp's writer sends."""
+    if (type(response) is not web.Response or response.prepared or response.chunked
+            or response.compression or response.cookies):
+        return None
+    body, status = response.body, response.status
+    if not isinstance(body, bytes) or status < 200 or status in (204, 304):
+        return None
+    headers = response.headers
+    fields = [f"{name}: {value}" for name, value in headers.items()]
+    if "content-length" not in headers:
+        fields.append(f"Content-Length: {len(body)}")
+    if body and "content-type" not in headers:
+        fields.append("Content-Type: application/octet-stream")
+    if "date" not in headers:
+        fields.append(f"Date: {rfc822_formatted_time()}")
+    if "server" not in headers:
+        fields.append(f"Server: {SERVER_SOFTWARE}")
+    if not keep_alive and "connection" not in headers:
+        fields.append("Connection: close")
+    text = "\n".join(fields)
+    if "\r" in text or "\0" in text or text.count("\n") != len(fields) - 1:
+        return None  # aiohttp's writer refuses it
+    try:
+        lines = "\r\n".join(fields)
+        head = f"HTTP/1.1 {status} {response.reason}\r\n{lines}\r\n\r\n".encode()
+    except UnicodeEncodeError:
+        return None
+    return head, body
