@@ -14,10 +14,12 @@ from typing import Any
 import httptools
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
-from aiohttp.test_utils import TestServer
+from aiohttp.http_writer import StreamWriter
+from aiohttp.test_utils import TestServer, make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +27,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.http import forward, front
 from proxy.http.app import build_app
 from proxy.http.front import FrontServer
-from proxy.http.head import MAX_HEAD, OTHER, Head, HeadReader
+from proxy.http.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 
 from .conftest import config_from
 from .fakes import FakeUpstream
@@ -95,6 +97,11 @@ def test_a_head_is_awaited_until_whole() -> None:
     post(b"x-big: " + b"a" * 8190),  # over aiohttp's max_field_size
     post(b"x-long: " + b"a" * MAX_HEAD),
     b"POST /v1/chat/completions HTTP/1.1\r\nx: " + b"a" * MAX_HEAD,  # never ends
+    # refused before the head ends: a bare LF, a control byte, a line that is no route
+    b"POST /v1/chat/completions HTTP/1.1\nhost: p\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\x00",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\rx",
+    b"POST /v1/models HTTP/1.1\r\nho",
 ], ids=lambda data: repr(data[:40]) + str(len(data)))
 def test_heads_the_lane_leaves_to_aiohttp(data: bytes) -> None:
     assert read_head(data) is OTHER
@@ -106,8 +113,11 @@ def test_a_body_over_the_limit_goes_to_aiohttp_which_answers_413() -> None:
 
 
 def test_connection_close_and_odd_but_valid_heads() -> None:
-    head = read_head(post(b"Connection: Close"))
-    assert isinstance(head, Head) and not head.keep_alive
+    for closing in ([b"Connection: Close"], [b"connection: keep-alive", b"connection: close"],
+                    [b"Proxy-Connection: close"], [b"Connection: x, CLOSE "]):
+        head = read_head(post(*closing))
+        assert isinstance(head, Head) and not head.keep_alive
+        assert _aiohttp_reads(post(*closing)) == _lane_reads(post(*closing))
     head = read_head(post(b"X-Spaced:\t  two  words \t", b"x-utf: \xc3\xa9\xff",
                           b"x-empty:"))
     assert isinstance(head, Head)
@@ -129,9 +139,12 @@ def test_whatever_the_spaces_a_head_is_read_in_linear_time(field: bytes) -> None
     assert time.perf_counter() - started < 0.05
 
 
-def _aiohttp_reads(data: bytes) -> tuple[list[tuple[str, str]], int] | None:
-    """aiohttp's own reading of one request (its C parser, as its server runs it): the
-    headers and body length, or None where it refuses the request."""
+Reading = tuple[list[tuple[str, str]], int, bool]  # headers, body length, keep-alive
+
+
+def _aiohttp_reads(data: bytes) -> Reading | None:
+    """aiohttp's own reading of one request (its C parser, as its server runs it), or None
+    where it refuses the request."""
     loop = asyncio.new_event_loop()
     try:
         parser = HttpRequestParser(BaseProtocol(loop), loop, 2**16, max_line_size=8190,
@@ -144,24 +157,26 @@ def _aiohttp_reads(data: bytes) -> tuple[list[tuple[str, str]], int] | None:
             return None
         message, payload = messages[0]
         return ([(name.lower(), value) for name, value in message.headers.items()],
-                payload.total_bytes)
+                payload.total_bytes, not message.should_close)
     finally:
         loop.close()
 
 
-def _lane_reads(data: bytes) -> tuple[list[tuple[str, str]], int] | None:
+def _lane_reads(data: bytes) -> Reading | None:
     head = read_head(data)
     if not isinstance(head, Head):
         return None
-    return [(name.lower(), value) for name, value in head.headers.items()], head.length
+    return ([(name.lower(), value) for name, value in head.headers.items()], head.length,
+            head.keep_alive)
 
 
 _NAMES = st.sampled_from(["host", "Host", "content-type", "user-agent", "x-a", "X-A", "etag",
-                          "authorization", "accept"]) | st.text(
+                          "authorization", "accept", "connection", "Proxy-Connection"]) | st.text(
     "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
     min_size=1, max_size=12)
 _VALUES = st.binary(max_size=24).map(
-    lambda raw: bytes(b for b in raw if b == 9 or 32 <= b < 127 or b >= 128))
+    lambda raw: bytes(b for b in raw if b == 9 or 32 <= b < 127 or b >= 128)) | st.sampled_from(
+    [b"close", b"keep-alive", b" Keep-Alive ", b"keep-alive, close", b"Upgrade", b"x, close"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -407,18 +422,36 @@ async def test_a_slow_upload_is_not_cut_by_the_keepalive_limit(
     writer.close()
 
 
+def wrong_key(length: int) -> bytes:
+    return post(body=b"").replace(b"Bearer sk-x", b"Bearer wrong").replace(
+        b"content-length: 0", b"content-length: %d" % length)
+
+
 async def test_a_wrong_key_is_refused_before_its_body_has_come(
         aiohttp_server: Factory, counter: TokenCounter) -> None:
     fake = FakeUpstream()
-    proxy = await serve(aiohttp_server, counter, fake)
+    proxy = await serve(aiohttp_server, counter, fake, lingering_time=0.3)
     writer, answers = await connect(proxy)
-    head = post(body=b"").replace(b"Bearer sk-x", b"Bearer wrong").replace(
-        b"content-length: 0", b"content-length: 900000")
-    writer.write(head + b"{" * 1000)
+    writer.write(wrong_key(900_000) + b"{" * 1000)
     (status, body), = await answers.read(1, timeout_s=1.0)
     assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
-    assert await asyncio.wait_for(answers._reader.read(), 2) == b""  # the rest is not read
-    assert not fake.seen
+    # The rest is read and dropped for lingering_time, then the connection is closed.
+    assert await asyncio.wait_for(answers._reader.read(), 2) == b""
+    assert not fake.seen and lanes(proxy) == 0
+    writer.close()
+
+
+async def test_a_client_that_sends_all_its_body_before_reading_gets_its_answer(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    body = b" " * 3_000_000
+    writer.write(wrong_key(len(body)) + body)
+    await writer.drain()  # all of it went, as a blocking sendall() would
+    (status, _), = await answers.read(1)
+    assert status == 401  # not a reset
+    writer.write(post())  # the dropped body is behind it: the connection goes on
+    assert is_completion((await answers.read(1))[0])
     writer.close()
 
 
@@ -447,3 +480,65 @@ async def test_lane_connections_have_tcp_keepalive_like_aiohttps(
     sock = lane.transport.get_extra_info("socket")
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     writer.close()
+
+
+# --- plain answers, written as aiohttp writes them --------------------------------------------
+
+class _Sink(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.data += data
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.data += chunk
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def _aiohttp_writes(response: web.StreamResponse, keep_alive: bool) -> bytes:
+    loop = asyncio.get_running_loop()
+    protocol = BaseProtocol(loop)
+    sink = protocol.transport = _Sink()
+    request = make_mocked_request("POST", "/v1/chat/completions", closing=not keep_alive,
+                                  writer=StreamWriter(protocol, loop))
+    await response.prepare(request)
+    await response.write_eof()
+    return bytes(sink.data)
+
+
+def _answers() -> list[web.Response]:
+    return [
+        web.Response(body=b'{"id":"x"}', headers={"content-type": "application/json",
+                                                  "x-request-id": "req_1", "x-é": "vé"}),
+        web.Response(body=b'{"error":{}}', status=429, content_type="application/json",
+                     headers={"retry-after": "1"}),
+        web.Response(body=b"", status=200),
+        web.Response(body=b"data: x\n\n", status=503, reason="Busy Now"),
+        web.Response(body=b"raw"),
+    ]
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+@pytest.mark.parametrize("index", range(len(_answers())))
+async def test_a_plain_answer_is_the_bytes_aiohttp_would_write(index: int,
+                                                               keep_alive: bool) -> None:
+    whole = whole_answer(_answers()[index], keep_alive)
+    assert whole is not None
+    assert b"".join(whole) == await _aiohttp_writes(_answers()[index], keep_alive)
+
+
+@pytest.mark.parametrize("response", [
+    web.Response(body=b"x", headers={"x-bad": "a\x01b"}),
+    web.Response(body=b"x", headers={"x-bad": "a\rb"}),
+    web.Response(body=b"x", headers={"x-bad": "\udcff"}),
+    web.Response(body=b"xyz", headers={"content-length": "1"}),
+    web.Response(body=b"x", status=204),
+    web.StreamResponse(),
+], ids=str)
+def test_answers_whole_answer_leaves_to_aiohttps_writer(response: web.StreamResponse) -> None:
+    assert whole_answer(response, True) is None

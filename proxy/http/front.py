@@ -108,8 +108,10 @@ class FrontProtocol(BaseProtocol):
     __slots__ = (
         "_buffer",
         "_closing",
+        "_discard",
         "_front",
         "_idle_since",
+        "_linger",
         "_reading",
         "_task_handler",
         "_timer",
@@ -120,6 +122,8 @@ class FrontProtocol(BaseProtocol):
         self._front = front
         self._buffer = bytearray()
         self._reading: tuple[FastRequest, int] | None = None  # a body still coming in
+        self._discard = 0  # bytes of an answered call's body still to come, to drop
+        self._linger: asyncio.TimerHandle | None = None  # until then, at most
         self._task_handler: asyncio.Task[None] | None = None
         self._closing = False
         self._idle_since = front.loop.time()
@@ -140,16 +144,28 @@ class FrontProtocol(BaseProtocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._linger):
+            if timer is not None:
+                timer.cancel()
         task = self._task_handler
         if task is None:
             self._front.lanes.discard(self)
         else:  # as aiohttp does: the handler is cancelled, and waited for at shutdown
             task.add_done_callback(lambda _: self._front.lanes.discard(self))
-            task.cancel()
+            if self._front.handler_cancellation:
+                task.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._discard:
+            dropped = min(self._discard, len(data))
+            self._discard -= dropped
+            data = data[dropped:]
+            if self._discard:
+                return
+            self._lingered()
+            if self._closing:
+                self._close()
+                return
         self._buffer += data
         if self._task_handler is None:
             self._advance()
@@ -190,8 +206,7 @@ class FrontProtocol(BaseProtocol):
     async def _serve(self, request: FastRequest) -> None:
         try:
             response = await guarded(request, self._front.routes[request.path])
-            keep_alive = (request.keep_alive and response.keep_alive is not False
-                          and self._reading is None)  # else the body's rest is unread
+            keep_alive = request.keep_alive and response.keep_alive is not False
             whole = whole_answer(response, keep_alive)
             if whole is None:
                 if not keep_alive:
@@ -213,6 +228,9 @@ class FrontProtocol(BaseProtocol):
         finally:
             self._task_handler = None
         self._idle_since = self._loop.time()
+        if self._reading is not None:  # answered before its body came: drop the rest
+            self._linger_on(keep_alive)
+            return
         if not keep_alive or self._closing:
             self._close()
             return
@@ -220,6 +238,25 @@ class FrontProtocol(BaseProtocol):
             self._resume_reading_for_buffer()
         if self._buffer:
             self._advance()
+
+    def _linger_on(self, keep_alive: bool) -> None:
+        """Read and drop the rest of an answered call's body (a client that sends it all
+        before reading would otherwise meet a reset, not the answer), for at most
+        ``lingering_time``; then go on with the connection, or close it."""
+        assert self._reading is not None
+        self._discard = self._reading[1] - len(self._buffer)
+        self._reading = None
+        self._buffer = bytearray()
+        if self._closing or self._front.lingering_s <= 0:
+            self._close()
+            return
+        self._closing = not keep_alive
+        self._linger = self._loop.call_later(self._front.lingering_s, self._close)
+
+    def _lingered(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
 
     def _close(self) -> None:
         if self.transport is not None:
@@ -282,6 +319,8 @@ class FrontServer(web.Server):
         # The runner's settings for aiohttp's RequestHandler hold in the lane too.
         settings = {**_AIOHTTP_DEFAULTS, **inner._kwargs}
         self.keepalive_s: float = settings["keepalive_timeout"]
+        self.lingering_s: float = settings["lingering_time"]
+        self.handler_cancellation = inner.handler_cancellation
         self.tcp_keepalive: bool = settings["tcp_keepalive"]
         self.reader = HeadReader(routes, app._client_max_size, settings["max_field_size"],
                                  settings["max_headers"])

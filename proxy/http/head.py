@@ -24,6 +24,10 @@ MAX_NAME = 64  # longer header names go to aiohttp
 _PREFIX = b"POST /v1/"
 _LINE = re.compile(rb"POST (/v1/[a-z/]+) HTTP/1\.1\r\n")
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
+# What no head aiohttp accepts has, even before it ends: a control byte, a bare LF or CR.
+_REFUSED = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|(?<!\r)\n|\r(?=[^\n])")
+# What aiohttp's writer refuses in a status line or header: a control byte but tab.
+_UNWRITABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 # Headers that need aiohttp's handling: chunked or compressed bodies, 100-continue, upgrades
 # (and the old WebSocket handshake aiohttp refuses).
 _AIOHTTPS = ("transfer-encoding", "content-encoding", "expect", "upgrade",
@@ -62,16 +66,24 @@ class HeadReader:
             rb"(?:" + _TOKEN + b"{1,%d}:[\\t\\x20-\\x7e\\x80-\\xff]{0,%d}\\r\\n)*"
             % (MAX_NAME, value))
 
+    def _line(self, data: bytes | bytearray) -> re.Match[bytes] | None:
+        """The request line, if it names a proxied route."""
+        line = _LINE.match(data)
+        return line if line is not None and line[1].decode() in self.routes else None
+
     def read(self, data: bytes | bytearray) -> Head | Other | None:
         """The head at the start of ``data``: a ``Head``, ``OTHER`` for aiohttp, or None
         while it is not whole yet."""
         if not _PREFIX.startswith(data[:len(_PREFIX)]):
             return OTHER
         end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
-        if end < 0:
-            return OTHER if len(data) >= MAX_HEAD else None
-        line = _LINE.match(data)
-        if line is None or (path := line[1].decode()) not in self.routes:
+        if end < 0:  # not whole yet: refused now if it cannot be a head the lane takes
+            if (len(data) >= MAX_HEAD or _REFUSED.search(data) is not None
+                    or (b"\r\n" in data and self._line(data) is None)):
+                return OTHER
+            return None
+        line = self._line(data)
+        if line is None:
             return OTHER
         block = data[line.end():end + 2]
         if self._fields.fullmatch(block) is None:
@@ -94,15 +106,15 @@ class HeadReader:
             return OTHER
         if int(length) > self.max_body:
             return OTHER
-        connection = headers.get("connection")
+        # Proxy-Connection counts as Connection, as in aiohttp's parser.
+        connection = [*headers.getall("connection", ()), *headers.getall("proxy-connection", ())]
         keep_alive = True
-        if connection is not None and connection.lower() != "keep-alive":
-            tokens = {token.strip() for token in
-                      ",".join(headers.getall("connection")).lower().split(",")}
+        if connection and (len(connection) > 1 or connection[0].lower() != "keep-alive"):
+            tokens = {token.strip() for token in ",".join(connection).lower().split(",")}
             if "upgrade" in tokens:
                 return OTHER
             keep_alive = "close" not in tokens
-        return Head(path, headers, end + 4, int(length), keep_alive)
+        return Head(line[1].decode(), headers, end + 4, int(length), keep_alive)
 
 
 def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes, bytes] | None:
@@ -115,9 +127,10 @@ def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes,
     if not isinstance(body, bytes) or status < 200 or status in (204, 304):
         return None
     headers = response.headers
+    if "content-length" in headers:
+        return None  # aiohttp's writer holds the body to it
     fields = [f"{name}: {value}" for name, value in headers.items()]
-    if "content-length" not in headers:
-        fields.append(f"Content-Length: {len(body)}")
+    fields.append(f"Content-Length: {len(body)}")
     if body and "content-type" not in headers:
         fields.append("Content-Type: application/octet-stream")
     if "date" not in headers:
@@ -126,8 +139,8 @@ def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes,
         fields.append(f"Server: {SERVER_SOFTWARE}")
     if not keep_alive and "connection" not in headers:
         fields.append("Connection: close")
-    text = "\n".join(fields)
-    if "\r" in text or "\0" in text or text.count("\n") != len(fields) - 1:
+    text = "\n".join((response.reason, *fields))
+    if _UNWRITABLE.search(text) is not None or text.count("\n") != len(fields):
         return None  # aiohttp's writer refuses it
     try:
         lines = "\r\n".join(fields)
