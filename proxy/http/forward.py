@@ -324,8 +324,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
             return Result(Verdict.FAILURE,
                           error=UpstreamError("upstream stream ended before any data"))
         ttft = service.clock.now() - started
-        exchange.answer, result = await relay(service, request, headers, deployment, chunks,
-                                              first, strip_usage,
+        exchange.answer, result = await relay(service, request, headers, deployment, response,
+                                              chunks, first, strip_usage,
                                               keep_bytes=MAX_ENTRY_BYTES if key else 0)
         _remember(service, call, result.response_id, deployment)
         whole = (assemble(call.kind, result.kept)

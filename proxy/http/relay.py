@@ -196,6 +196,13 @@ def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
     return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
 
 
+class _EventStream(web.StreamResponse):
+    """An SSE answer whose head goes out with its first event, in one write (the first
+    event follows ``prepare`` at once), not in a write of its own."""
+
+    _send_headers_immediately = False
+
+
 class _ClientGone(Exception):
     """The client stopped reading (write timed out) or disconnected."""
 
@@ -263,6 +270,7 @@ async def relay(
     request: Incoming,
     headers: dict[str, str],
     deployment: Deployment,
+    upstream: UpstreamResponse,
     chunks: AsyncIterator[bytes],
     first: bytes,
     strip_usage: bool,
@@ -271,7 +279,7 @@ async def relay(
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
     ``response.completed``/``incomplete``/``failed``) was cut."""
-    answer = web.StreamResponse(headers=headers)
+    answer = _EventStream(headers=headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
     tally = StreamTally(strip_usage, keep_bytes)
@@ -280,17 +288,25 @@ async def relay(
     watchdog = _Watchdog(timeout_s)
     try:
         await watchdog.send(answer.prepare(written_by_aiohttp(request)))
-        await watchdog.send(answer.write(tally.feed(first)))
-        async for chunk in chunks:
-            data = tally.feed(chunk)
+        # The chunk that ends the upstream's answer goes out with the end of the client's
+        # (and, if it is the first, with the head): one write instead of up to three.
+        data = tally.feed(first)
+        if not upstream.ended:
+            await watchdog.send(answer.write(data))
+            data = b""
+            async for chunk in chunks:
+                data = tally.feed(chunk)
+                if upstream.ended:
+                    break
+                if data:
+                    await watchdog.send(answer.write(data))
+                data = b""
+        data += tally.finish()
+        if not tally.done:
             if data:
                 await watchdog.send(answer.write(data))
-        rest = tally.finish()
-        if rest:
-            await watchdog.send(answer.write(rest))
-        if not tally.done:
             raise UpstreamBadResponse("the provider's stream ended before its last event")
-        await watchdog.send(answer.write_eof())
+        await watchdog.send(answer.write_eof(data))
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
         request[RECORD].code = exc.code

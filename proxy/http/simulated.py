@@ -120,6 +120,7 @@ class SimulatedResponse:
         self._include_usage = include_usage
         self._body = body
         self._closed = False
+        self.ended = False
         if owner is not None:
             owner.active += 1
 
@@ -146,6 +147,7 @@ class SimulatedResponse:
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             if self._owner is None or self._answer is None:
+                self.ended = True
                 yield self._body
                 return
             answer = self._answer
@@ -161,6 +163,7 @@ class SimulatedResponse:
                     await asyncio.sleep(per_token * len(part))
                 yield answer.pieces(part)
             text = "".join(self._words(0, answer.n_out)) if answer.repeats_text else ""
+            self.ended = True
             yield answer.closing(text, self._include_usage)
         finally:
             self.close()

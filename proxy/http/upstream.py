@@ -36,6 +36,11 @@ class UpstreamResponse(Protocol):
     status: int
     headers: Mapping[str, str]
 
+    @property
+    def ended(self) -> bool:
+        """``chunks()`` has handed out the last of the body: nothing more will come."""
+        ...
+
     def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; raises UpstreamTimeout if idle too long."""
         ...
@@ -140,6 +145,10 @@ class HttpResponse:
 
     def chunks(self) -> AsyncIterator[bytes]:
         return _Chunks(self)
+
+    @property
+    def ended(self) -> bool:
+        return self._conn is None or self._conn.drained
 
     async def next_chunk(self) -> bytes:
         conn = self._conn

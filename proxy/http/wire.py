@@ -150,6 +150,11 @@ class Connection(asyncio.Protocol):
             self._transport.resume_reading()
         return data
 
+    @property
+    def drained(self) -> bool:
+        """The answer is complete and every byte of it was taken."""
+        return self._complete and not self._chunks
+
     def _take(self) -> bytes:
         """Every byte in and not yet taken."""
         chunks = self._chunks
