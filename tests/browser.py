@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
+import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +29,8 @@ class Browser:
     """One page of a fresh headless Chromium: ``evaluate`` JavaScript in it, ``screenshot``."""
 
     def __init__(self) -> None:
-        self._profile = tempfile.TemporaryDirectory()
+        # Chromium's helper processes may still be writing to the profile as it goes.
+        self._profile = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
         self._process: asyncio.subprocess.Process | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -36,7 +40,8 @@ class Browser:
         assert CHROMIUM is not None
         self._process = await asyncio.create_subprocess_exec(
             CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True)  # its own process group, ended whole
         self._session = aiohttp.ClientSession()
         page = await self._page(Path(self._profile.name) / "DevToolsActivePort")
         self._ws = await self._session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
@@ -71,7 +76,8 @@ class Browser:
         if self._session is not None:
             await self._session.close()
         if self._process is not None and self._process.returncode is None:
-            self._process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
             await self._process.wait()
         self._profile.cleanup()
 
