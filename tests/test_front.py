@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from proxy.core.tokens import TokenCounter
 from proxy.http import forward, front
 from proxy.http.app import build_app
-from proxy.http.front import FrontServer
+from proxy.http.front import FrontRunner, FrontServer
 from proxy.http.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 
 from .conftest import config_from
@@ -542,3 +542,26 @@ async def test_a_plain_answer_is_the_bytes_aiohttp_would_write(index: int,
 ], ids=str)
 def test_answers_whole_answer_leaves_to_aiohttps_writer(response: web.StreamResponse) -> None:
     assert whole_answer(response, True) is None
+
+
+@pytest.mark.parametrize("cancellation", [True, False])
+async def test_a_client_leaving_cancels_its_call_as_the_runner_says(
+        aiohttp_server: Factory, counter: TokenCounter, cancellation: bool) -> None:
+    fake = FakeUpstream(hold_s=0.4)
+    upstream = await aiohttp_server(fake.app())
+    provider = {"name": "p", "base_url": str(upstream.make_url("/v1")), "api_key": "sk-p"}
+    config = config_from([provider], {"m": [{"provider": "p", "model": "up"}]})
+    runner = FrontRunner(build_app(config, counter=counter), ROUTES,
+                         handler_cancellation=cancellation)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        _, writer = await asyncio.open_connection(*runner.addresses[0][:2])
+        writer.write(post())
+        await asyncio.sleep(0.2)
+        writer.close()
+        await asyncio.sleep(0.5)
+        assert (fake.cancelled, fake.completed) == ((1, 0) if cancellation else (0, 1))
+    finally:
+        await runner.cleanup()
