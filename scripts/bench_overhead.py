@@ -255,6 +255,9 @@ def goals(points: list[Point], comparisons: dict[tuple[str, int], Comparison],
         f"goal proxy >= 0.8x bare req/s at {full} conns: " + ", ".join(
             f"{mode} {comparisons[(mode, full)].ratio:.2f} "
             f"{verdict(comparisons[(mode, full)].ratio >= 0.8)}" for mode in MODES),
+        f"goal added CPU <= 100 us per call at {full} conns: " + ", ".join(
+            f"{mode} {comparisons[(mode, full)].added_cpu_us:+.0f} us "
+            f"{verdict(comparisons[(mode, full)].added_cpu_us <= 100)}" for mode in MODES),
         f"goal added p99 <= 2 ms at {moderate} conns: " + ", ".join(
             f"{mode} {comparisons[(mode, moderate)].added_p99_ms:+.2f} ms "
             f"{verdict(comparisons[(mode, moderate)].added_p99_ms <= 2.0)}" for mode in MODES),
