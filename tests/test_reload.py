@@ -215,6 +215,30 @@ async def test_a_changed_provider_gets_a_new_upstream_for_new_calls(
     assert (len(old.seen), len(new.seen)) == (1, 1)
 
 
+async def test_a_replaced_upstream_closes_its_connections_once_its_calls_are_done(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+        tmp_path: Path) -> None:
+    fake = FakeUpstream(hold_s=0.3)
+    upstream = await aiohttp_server(fake.app())
+    url = str(upstream.make_url("/v1"))
+    path = tmp_path / "routing.yaml"
+    write(path, table(url))
+    client = await start(aiohttp_client, counter, path)
+    assert (await chat(client, "app-key"))[0] == 200  # its connection waits in the pool
+    running = asyncio.ensure_future(chat(client, "app-key"))
+    await asyncio.sleep(0.1)
+    write(path, table(url, providers=[{"name": "p", "base_url": url, "api_key": "sk-2",
+                                       "max_concurrency": 1}]))
+    assert (await reload(client))[0] == 200
+    assert (await running)[0] == 200  # the call on the old upstream finished
+    for _ in range(50):  # and the old upstream's connections are gone, none kept idle
+        if not upstream.handler.connections:
+            break
+        await asyncio.sleep(0.02)
+    assert not upstream.handler.connections
+    assert (await chat(client, "app-key"))[0] == 200
+
+
 async def test_reload_needs_the_admin_key_and_a_file(
         aiohttp_client: Factory, counter: TokenCounter, tmp_path: Path) -> None:
     path = tmp_path / "routing.yaml"

@@ -55,7 +55,7 @@ class Service:
         self.counter = counter
         self.upstreams = dict(upstreams)
         self._make_upstream = make_upstream
-        self._replaced: list[Upstream] = []  # closed at the end: calls may still use them
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced upstreams, closing
         self.metrics = metrics or Metrics()
         self.live = LiveStats()
         self.loaded_at = clock.wall()
@@ -141,6 +141,13 @@ class Service:
             metrics.limit.get(name).set_function(
                 functools.partial(self.scheduler.capacity, name))
 
+    def _retire(self, upstream: Upstream) -> None:
+        """A replaced upstream is closed at once: its idle connections go now, and a call
+        still on it finishes (its connection is then closed, not kept)."""
+        task = asyncio.get_running_loop().create_task(upstream.close())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     def _spent(self, key: str) -> float:
         return self.budgets.spent(key, self.clock.wall())
 
@@ -156,7 +163,7 @@ class Service:
                 if self._make_upstream is None:
                     raise RuntimeError("this service cannot build upstreams")
                 if name in self.upstreams:
-                    self._replaced.append(self.upstreams[name])
+                    self._retire(self.upstreams[name])
                 self.upstreams[name] = self._make_upstream(provider)
         self.engine.reconfigure(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
@@ -252,5 +259,6 @@ class Service:
             self._schedule_timer.cancel()
         self.admission.close()
         await self.shared.close()
-        for upstream in [*self.upstreams.values(), *self._replaced]:
+        for upstream in self.upstreams.values():
             await upstream.close()
+        await asyncio.gather(*self._retiring)

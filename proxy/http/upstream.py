@@ -57,7 +57,10 @@ class UpstreamResponse(Protocol):
 class Upstream(Protocol):
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> UpstreamResponse: ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """No more calls will be sent (a reload replaced it, or the proxy stops): idle
+        connections close now; a call in flight finishes, then its connection closes."""
+        ...
 
 
 class HttpUpstream:
