@@ -17,10 +17,11 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.config import load_config
+from proxy.config import Provider, load_config
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
+from proxy.http.app import build_app, default_upstream
 from proxy.http.state import SERVICE
+from proxy.http.upstream import Upstream
 
 from .fakes import FakeUpstream
 from .serving import serving
@@ -237,6 +238,30 @@ async def test_a_replaced_upstream_closes_its_connections_once_its_calls_are_don
         await asyncio.sleep(0.02)
     assert not upstream.handler.connections
     assert (await chat(client, "app-key"))[0] == 200
+
+
+async def test_a_reload_that_fails_leaves_the_old_upstreams_open(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+        tmp_path: Path) -> None:
+    def factory(provider: Provider) -> Upstream:
+        if provider.api_key == "unbuildable":
+            raise ValueError("this upstream cannot be built")
+        return default_upstream(provider)
+
+    upstream = await aiohttp_server(FakeUpstream().app())
+    url = str(upstream.make_url("/v1"))
+    path = tmp_path / "routing.yaml"
+    write(path, table(url))
+    client: Client = await aiohttp_client(build_app(
+        load_config(path), counter=counter, config_path=path, upstream_factory=factory))
+    assert (await chat(client, "app-key"))[0] == 200
+    write(path, table(url, providers=[{"name": "p", "base_url": url,
+                                       "api_key": "unbuildable", "max_concurrency": 1}]))
+    assert (await reload(client))[0] == 500
+    for _ in range(3):  # the old config serves on, its connection kept alive between calls
+        assert (await chat(client, "app-key"))[0] == 200
+        await asyncio.sleep(0.05)
+        assert len(upstream.handler.connections) == 1
 
 
 async def test_reload_needs_the_admin_key_and_a_file(

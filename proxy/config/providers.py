@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
 
 from ..core.breaker import BreakerSettings
@@ -70,6 +71,12 @@ def _http_provider(
     base_url = node.string("base_url", required=True).rstrip("/")
     if not re.match(r"https?://[^/\s]+", base_url):
         fail(f"{path}.base_url", "must be an http:// or https:// URL")
+    try:
+        port = urllib.parse.urlsplit(base_url).port  # raises for a port out of range
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        fail(f"{path}.base_url", "has a port that is not a number from 1 to 65535")
     api_key = node.secret("api_key", "")
     if re.search(r"[\r\n\0]", str(api_key)):
         fail(f"{path}.api_key", "holds a line break or NUL")

@@ -302,6 +302,8 @@ async def relay(
                     await watchdog.send(answer.write(data))
                 data = b""
         data += tally.finish()
+        if upstream.ended:
+            upstream.close()  # its connection is free now, not once a slow client has read
         if not tally.done:
             if data:
                 await watchdog.send(answer.write(data))

@@ -158,17 +158,26 @@ class Service:
         one that left keeps its upstream for the calls still bound to it."""
         now = self.clock.now()
         old = self.engine.providers
-        for name, provider in config.providers.items():
-            if old.get(name) != provider or name not in self.upstreams:
-                if self._make_upstream is None:
-                    raise RuntimeError("this service cannot build upstreams")
-                if name in self.upstreams:
-                    self._retire(self.upstreams[name])
-                self.upstreams[name] = self._make_upstream(provider)
-        self.engine.reconfigure(
-            scheduler=config.scheduler, classify=config.classify, providers=config.providers,
-            models=config.models, principals=[k.principal for k in config.keys],
-            retry=config.retry, estimate=config.estimate, now=now)
+        fresh: dict[str, Upstream] = {}
+        try:
+            for name, provider in config.providers.items():
+                if old.get(name) != provider or name not in self.upstreams:
+                    if self._make_upstream is None:
+                        raise RuntimeError("this service cannot build upstreams")
+                    fresh[name] = self._make_upstream(provider)
+            self.engine.reconfigure(
+                scheduler=config.scheduler, classify=config.classify,
+                providers=config.providers, models=config.models,
+                principals=[k.principal for k in config.keys], retry=config.retry,
+                estimate=config.estimate, now=now)
+        except BaseException:  # the old config keeps serving, on its own upstreams
+            for upstream in fresh.values():
+                self._retire(upstream)
+            raise
+        for name, upstream in fresh.items():  # swapped only once nothing can fail
+            if name in self.upstreams:
+                self._retire(self.upstreams[name])
+            self.upstreams[name] = upstream
         self.config = config
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets.configure(budgets_of(config), config.timezone)
