@@ -46,7 +46,6 @@ class FastRequest:
 
     __slots__ = (
         "_body",
-        "_payload_writer",
         "_protocol",
         "_state",
         "_waiter",
@@ -66,12 +65,17 @@ class FastRequest:
         self._body: bytes | None = None  # until it has all come in
         self._waiter: asyncio.Future[None] | None = None
         self._protocol = protocol
-        self._payload_writer = StreamWriter(protocol, protocol.loop)
         self._state: dict[web.RequestKey[Any], Any] = {}
 
     @property
     def transport(self) -> asyncio.Transport | None:
         return self._protocol.transport
+
+    @property
+    def _payload_writer(self) -> StreamWriter:
+        """aiohttp's writer for an answer it writes (a stream): made only then, as a plain
+        answer, the most common, is written without it."""
+        return StreamWriter(self._protocol, self._protocol.loop)
 
     @property
     def rel_url(self) -> URL:

@@ -101,10 +101,11 @@ class HeadReader:
         if len(pairs) != len({name.lower() for name, _ in pairs}) and any(
                 len(headers.getall(name, ())) > 1 for name in SINGLETON_HEADERS):
             return OTHER
-        length = headers.get("content-length", "0")
-        if not (length.isascii() and length.isdigit() and len(length) <= 15):
+        given = headers.get("content-length", "0")
+        if not (given.isascii() and given.isdigit() and len(given) <= 15):
             return OTHER
-        if int(length) > self.max_body:
+        length = int(given)
+        if length > self.max_body:
             return OTHER
         # Proxy-Connection counts as Connection, as in aiohttp's parser.
         connection = [*headers.getall("connection", ()), *headers.getall("proxy-connection", ())]
@@ -114,7 +115,7 @@ class HeadReader:
             if "upgrade" in tokens:
                 return OTHER
             keep_alive = "close" not in tokens
-        return Head(line[1].decode(), headers, end + 4, int(length), keep_alive)
+        return Head(line[1].decode(), headers, end + 4, length, keep_alive)
 
 
 def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes, bytes] | None:
