@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from .engine import Engine, Usage
 from .errors import (
@@ -40,6 +39,7 @@ from .plan import Plan
 from .retry import backoff_s
 from .route import Deployment, degrade, rank
 from .scheduler import Ticket, TicketState
+from .value import value
 
 _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
     "queue_full": (QueueFull, "The proxy's queue is full; retry later."),
@@ -51,40 +51,40 @@ _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
 _NONE: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True)
+@value
 class Queue:
     """Wait in the scheduler with ``ticket`` (submitted anew or again) until granted."""
 
     ticket: Ticket
 
 
-@dataclass(frozen=True)
+@value
 class Send:
     """Call ``deployment`` now, holding the granted slot; then report ``finished``."""
 
     deployment: Deployment
 
 
-@dataclass(frozen=True)
+@value
 class Wait:
     """Back off until ``until``, then report ``resume``."""
 
     until: float
 
 
-@dataclass(frozen=True)
+@value
 class Fail:
     """Answer the client with the proxy's own error."""
 
     error: ProxyError
 
 
-@dataclass(frozen=True)
+@value
 class PassThrough:
     """Answer the client with the last upstream failure, as the upstream sent it."""
 
 
-@dataclass(frozen=True)
+@value
 class Done:
     """The client has its answer (or has left)."""
 
@@ -92,7 +92,7 @@ class Done:
 Command = Queue | Send | Wait | Fail | PassThrough | Done
 
 
-@dataclass(frozen=True)
+@value
 class Result:
     """What became of a ``Send``."""
 

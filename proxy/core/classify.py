@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .budgets import Budget
+from .value import value
 
 ANY_VALUE = "*"
 """A header value pattern that matches any value, as long as the header is present."""
@@ -129,7 +130,7 @@ class ClassifySettings:
 ANONYMOUS = Principal(name="anonymous")  # the caller when no proxy keys are configured
 
 
-@dataclass(frozen=True)
+@value
 class RequestFacts:
     """What classification may look at; header names are lower-case."""
 
@@ -141,7 +142,7 @@ class RequestFacts:
     service_tier: str | None
 
 
-@dataclass(frozen=True)
+@value
 class Classification:
     tier: int
     source: Source

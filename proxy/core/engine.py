@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from cachetools import LRUCache
 
@@ -20,6 +19,7 @@ from .request import Call
 from .retry import RetrySettings
 from .route import Deployment, DeploymentStats, ModelRoute
 from .scheduler import Scheduler, SchedulerSettings
+from .value import value
 
 # Usage an upstream reports is believed only within these bounds: a prompt at most this
 # many times the proxy's own count (plus a margin for images and other tokenizers), and no
@@ -31,7 +31,7 @@ COMPLETION_PLAUSIBLE_MAX = 1_000_000
 AFFINITY_ENTRIES = 100_000
 
 
-@dataclass(frozen=True)
+@value
 class Usage:
     prompt_tokens: int
     completion_tokens: int

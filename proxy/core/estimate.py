@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachetools import LRUCache
+from .lru import Lru
 
 DEFAULT_OUTPUT_PRIOR = 256
 DEFAULT_TTFT_PRIOR_S = 0.5
@@ -73,8 +73,8 @@ class OutputEstimator:
         self._prior = prior
         self._alpha = alpha
         self._trust_max_tokens = trust_max_tokens
-        self._by_pair: LRUCache[tuple[str, str], Ewma] = LRUCache(maxsize=max_entries)
-        self._by_model: LRUCache[str, Ewma] = LRUCache(maxsize=max_entries)
+        self._by_pair: Lru[tuple[str, str], Ewma] = Lru(max_entries)
+        self._by_model: Lru[str, Ewma] = Lru(max_entries)
 
     def expect(self, key: str, model: str, max_tokens: int | None) -> int:
         limit = max_tokens if max_tokens is not None and max_tokens > 0 else None
@@ -124,7 +124,7 @@ class LatencyModel:
         self._seconds_per_token_prior = seconds_per_token_prior
         self._prefill = prefill_seconds_per_token
         self._alpha = alpha
-        self._deployments: LRUCache[str, _Deployment] = LRUCache(maxsize=max_entries)
+        self._deployments: Lru[str, _Deployment] = Lru(max_entries)
 
     def expect_ttft_s(self, deployment: str) -> float | None:
         """Learned base time to first token, or None before any observation."""

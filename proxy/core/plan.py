@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .request import Call
 from .route import ModelRoute
+from .value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Plan:
     call: Call
     route: ModelRoute

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from .value import value
 
 # Most models cap a reply at 4k-16k tokens; an estimate never counts on more than this unless
 # the deployment says so, whatever a client puts in max_tokens.
@@ -95,7 +97,7 @@ class ModelRoute:
         return self.tier_strategies.get(tier, self.strategy)
 
 
-@dataclass(frozen=True)
+@value
 class DeploymentStats:
     available: bool
     inflight: int
@@ -143,17 +145,20 @@ def _order(
     prompt_tokens: int,
     output_tokens: int,
 ) -> list[Deployment]:
+    if strategy == "ordered":
+        return list(candidates)
     if strategy == "weighted":
         return _weighted_order(candidates, rng)
-    keys: dict[str, Callable[[Deployment], float]] = {
-        "ordered": lambda d: 0.0,
-        "cheapest": lambda d: d.cost(prompt_tokens, output_tokens),
-        "best_quality": lambda d: -d.quality,
-        "least_busy": lambda d: _utilisation(stats.get(d.id, _NO_STATS)),
+    if strategy == "cheapest":
+        return sorted(candidates, key=lambda d: d.cost(prompt_tokens, output_tokens))
+    if strategy == "best_quality":
+        return sorted(candidates, key=lambda d: -d.quality)
+    if strategy == "least_busy":
+        return sorted(candidates, key=lambda d: _utilisation(stats.get(d.id, _NO_STATS)))
+    if strategy == "lowest_latency":
         # Unmeasured first: one call measures it, otherwise it would never get traffic.
-        "lowest_latency": lambda d: _latency(stats.get(d.id, _NO_STATS)),
-    }
-    return sorted(candidates, key=keys[strategy])
+        return sorted(candidates, key=lambda d: _latency(stats.get(d.id, _NO_STATS)))
+    raise ValueError(f"unknown strategy {strategy!r}")
 
 
 def _utilisation(stats: DeploymentStats) -> float:
@@ -181,7 +186,7 @@ def _weighted_order(candidates: Sequence[Deployment], rng: random.Random) -> lis
 Action = Literal["wait", "degrade", "shed"]
 
 
-@dataclass(frozen=True)
+@value
 class Decision:
     """``action`` is "wait" (queue for ``deployments``), "degrade" (serve on the backups
     listed first, preferred ones after) or "shed" (503 now, ``retry_after_s`` later)."""

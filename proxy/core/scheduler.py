@@ -118,11 +118,13 @@ class Scheduler:
         """Queue a call (again, for one whose slot came back: it keeps its arrival, tier,
         level and deadline); it gets a slot at once if one is free and nothing more
         deserving waits for it."""
-        if ticket.state is TicketState.NEW:
+        first = ticket.state is TicketState.NEW
+        if first:
             ticket.generation = self._tier_maps.generation
         else:
             self._tier_maps.bring_up(ticket, self._settings.levels)
-        first = self._check(ticket)
+        ticket.validate(len(self._tiers))
+        gates, pools = self._capacity.route(ticket.candidates)  # unknown candidates raise
         if first:
             spec = self._tiers[ticket.tier]
             ticket.current_tier = ticket.tier
@@ -136,7 +138,6 @@ class Scheduler:
             ticket.deadline = now + max_wait_s
             ticket.order = self._next_order
             self._next_order += 1
-            gates = self._capacity.route(ticket.candidates)[0]
             likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
             self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
         ticket.state = TicketState.QUEUED
@@ -145,7 +146,6 @@ class Scheduler:
         if ticket.deadline <= now:
             self._reject(ticket, "queue_timeout", now, queued=False)
             return
-        gates, pools = self._capacity.route(ticket.candidates)
         if all(g.down(now) for g in gates):
             self._reject(ticket, "upstream_unavailable", now, queued=False)
             return
@@ -220,6 +220,12 @@ class Scheduler:
         """The decisions made since the last call, in order: refusals, then grants."""
         out, self._out = self._out, Decisions() if self._out else self._out  # mostly empty
         return out
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing decided since ``take`` and nothing queued: no wake-up is due either."""
+        out = self._out
+        return not (out.dispatches or out.rejections or self._queues.queued)
 
     def next_wakeup(self, now: float) -> float | None:
         """When ``advance`` next has something to do (``Policy.next_wakeup``)."""
@@ -392,9 +398,3 @@ class Scheduler:
                 self._reject(victim, "evicted", now)
                 return
         self._reject(ticket, "queue_full", now)
-
-    def _check(self, ticket: Ticket) -> bool:
-        """Validate a submission; True for a ticket's first."""
-        ticket.validate(len(self._tiers))
-        self._capacity.route(ticket.candidates)
-        return ticket.state is TicketState.NEW

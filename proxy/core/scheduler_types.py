@@ -10,6 +10,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from .value import value
+
 
 @dataclass(frozen=True)
 class TierSpec:
@@ -158,8 +160,8 @@ class Ticket:
             raise ValueError("ceiling must be a tier at least as urgent as the ticket's own")
         if not self.candidates:
             raise ValueError("a ticket needs at least one candidate")
-        for value in (self.est_service_s, self.size_s):
-            if value is not None and (not value >= 0 or not math.isfinite(value)):
+        for number in (self.est_service_s, self.size_s):
+            if number is not None and (not number >= 0 or not math.isfinite(number)):
                 raise ValueError("est_service_s and size_s must be finite and non-negative")
 
     @property
@@ -168,14 +170,14 @@ class Ticket:
         return self.dispatched_at - self.arrived
 
 
-@dataclass(frozen=True)
+@value
 class Dispatch:
     ticket: Ticket
     deployment: str
     pool: str
 
 
-@dataclass(frozen=True)
+@value
 class Rejection:
     ticket: Ticket
     code: str  # queue_full | evicted | queue_timeout | upstream_unavailable

@@ -9,13 +9,12 @@ length, which costs microseconds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import threading
 from collections.abc import Iterator
 
 import tiktoken
-from cachetools import LRUCache
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +58,8 @@ class TokenCounter:
     def __init__(self, encoding: tiktoken.Encoding | None) -> None:
         self._encoding = encoding
         # System prompts and few-shot examples repeat call after call. Large bodies are
-        # counted in a worker thread, so the cache is shared under a lock.
-        self._cache: LRUCache[str, int] = LRUCache(maxsize=CACHE_ENTRIES)
-        self._lock = threading.Lock()
+        # counted in a worker thread: lru_cache is safe to share between threads.
+        self._count_short = functools.lru_cache(maxsize=CACHE_ENTRIES)(self._encoded_length)
 
     @classmethod
     def load(cls, name: str = OFFLINE_ENCODING) -> TokenCounter:
@@ -89,14 +87,13 @@ class TokenCounter:
         """Exact tokens (estimated without an encoding); special-token text is plain text."""
         if self._encoding is None:
             return count_estimate(text)
-        with self._lock:
-            found = self._cache.get(text)
-        if found is None:
-            found = len(self._encoding.encode_ordinary(text))
-            if len(text) <= CACHE_MAX_CHARS:
-                with self._lock:
-                    self._cache[text] = found
-        return found
+        if len(text) <= CACHE_MAX_CHARS:
+            return self._count_short(text)
+        return self._encoded_length(text)
+
+    def _encoded_length(self, text: str) -> int:
+        assert self._encoding is not None
+        return len(self._encoding.encode_ordinary(text))
 
     def estimate(self, text: str) -> int:
         return count_estimate(text)

@@ -83,6 +83,8 @@ class Admission:
     def settle(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
         changed the core."""
+        if self._timer_at is None and self.scheduler.quiet:
+            return
         while decisions := self.scheduler.take():
             for rejection in decisions.rejections:
                 future = self._waiting.pop(rejection.ticket, None)

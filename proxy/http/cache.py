@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,6 +26,7 @@ from cachetools import TTLCache
 from ..core.clock import Clock
 from ..core.request import Call
 from ..core.route import CacheSettings, ModelRoute
+from ..core.value import value
 
 CACHED_KINDS = frozenset({"chat", "completions"})
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
@@ -34,7 +34,7 @@ IGNORED_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "sto
 MAX_ENTRY_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
+@value
 class Entry:
     answer: bytes  # the JSON answer
     deployment: str

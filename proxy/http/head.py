@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_parser import SINGLETON_HEADERS
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from ..core.value import value
 
 MAX_HEAD = 16 * 1024  # longer heads go to aiohttp, which answers 400 or 431
 MAX_NAME = 64  # longer header names go to aiohttp
@@ -34,7 +35,7 @@ _AIOHTTPS = ("transfer-encoding", "content-encoding", "expect", "upgrade",
              "sec-websocket-key1")
 
 
-@dataclass(slots=True, frozen=True)
+@value
 class Head:
     """A request head the lane serves: its route, headers and framing."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
@@ -24,6 +25,31 @@ class _LoopValue(values.MutexValue):
 
 if values.ValueClass is values.MutexValue:  # not prometheus-client's multiprocess mode
     values.ValueClass = _LoopValue
+
+class ChildCounter(Counter):
+    """``inc`` without the checks only a parent or an exemplar needs: ``Family.get`` hands
+    out children, and a call increments about five of them."""
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        if not self._labelvalues or exemplar is not None or not amount >= 0:
+            super().inc(amount, exemplar)
+            return
+        self._value.inc(amount)
+
+
+class ChildHistogram(Histogram):
+    """``observe`` by bisection, without the checks only a parent or an exemplar needs."""
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if not self._labelvalues or exemplar is not None:
+            super().observe(amount, exemplar)
+            return
+        self._sum.inc(amount)
+        bounds = self._upper_bounds
+        i = bisect.bisect_left(bounds, amount)
+        if i < len(bounds) and amount <= bounds[i]:  # NaN falls in no bucket, as upstream
+            self._buckets[i].inc(1)
+
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 
@@ -58,18 +84,18 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Family(Counter(
+        self.requests = Family(ChildCounter(
             "proxy_requests", "Calls answered, by tier and HTTP status.",
             ["tier", "status"], registry=r,
         ))
-        self.queue_wait = Family(Histogram(
+        self.queue_wait = Family(ChildHistogram(
             "proxy_queue_wait_seconds", "Time calls waited for an upstream slot.",
             ["tier"], buckets=WAIT_BUCKETS, registry=r,
         ))
         self.queue_depth = Family(Gauge(
             "proxy_queue_depth", "Calls waiting, by tier.", ["tier"], registry=r,
         ))
-        self.rejections = Family(Counter(
+        self.rejections = Family(ChildCounter(
             "proxy_rejections", "Calls refused (429, 503), by tier and code.",
             ["tier", "code"], registry=r,
         ))
@@ -80,7 +106,7 @@ class Metrics:
             "proxy_upstream_limit", "Effective concurrency limit, by provider.",
             ["provider"], registry=r,
         ))
-        self.attempts = Family(Counter(
+        self.attempts = Family(ChildCounter(
             "proxy_upstream_attempts", "Upstream attempts, by provider and outcome.",
             ["provider", "outcome"], registry=r,
         ))
@@ -88,35 +114,35 @@ class Metrics:
             "proxy_breaker_state", "Breaker state by deployment (0 closed, 1 half-open, 2 open).",
             ["provider", "deployment"], registry=r,
         ))
-        self.breaker_transitions = Family(Counter(
+        self.breaker_transitions = Family(ChildCounter(
             "proxy_breaker_transitions", "Breaker transitions, by deployment and new state.",
             ["deployment", "state"], registry=r,
         ))
-        self.upstream_latency = Family(Histogram(
+        self.upstream_latency = Family(ChildHistogram(
             "proxy_upstream_latency_seconds",
             "Upstream attempts from send to the end of the answer, by provider, deployment "
             "and public model.", ["provider", "deployment", "model"],
             buckets=LATENCY_BUCKETS, registry=r,
         ))
-        self.ttft = Family(Histogram(
+        self.ttft = Family(ChildHistogram(
             "proxy_upstream_ttft_seconds",
             "Streams' time to the first byte from the upstream, by provider, deployment and "
             "public model.", ["provider", "deployment", "model"],
             buckets=LATENCY_BUCKETS, registry=r,
         ))
-        self.tokens = Family(Counter(
+        self.tokens = Family(ChildCounter(
             "proxy_tokens", "Tokens, by provider and kind (prompt, completion).",
             ["provider", "kind"], registry=r,
         ))
-        self.cost = Family(Counter(
+        self.cost = Family(ChildCounter(
             "proxy_cost_usd", "Estimated spend in dollars, by key and tier.",
             ["key", "tier"], registry=r,
         ))
-        self.estimate_error = Family(Histogram(
+        self.estimate_error = Family(ChildHistogram(
             "proxy_estimate_relative_error", "|predicted - actual| / actual, by quantity.",
             ["quantity"], buckets=ERROR_BUCKETS, registry=r,
         ))
-        self.cache_lookups = Family(Counter(
+        self.cache_lookups = Family(ChildCounter(
             "proxy_cache_lookups", "Response cache lookups, by public model and result "
             "(hit, miss).", ["model", "result"], registry=r,
         ))
@@ -132,11 +158,11 @@ class Metrics:
             "proxy_budget_usd", "The budget_usd amount of each key that has one.", ["key"],
             registry=r,
         ))
-        self.reloads = Family(Counter(
+        self.reloads = Family(ChildCounter(
             "proxy_config_reloads", "Config reloads, by result (ok, error).", ["result"],
             registry=r,
         ))
-        self.stream_errors = Family(Counter(
+        self.stream_errors = Family(ChildCounter(
             "proxy_stream_errors", "Streams ended with an error event after the first byte.",
             ["provider", "reason"], registry=r,
         ))
@@ -159,7 +185,7 @@ class Metrics:
             registry=r,
         )
 
-        self.batch_lines = Family(Counter(
+        self.batch_lines = Family(ChildCounter(
             "proxy_batch_lines", "Batch lines answered, by outcome (done: 2xx; failed: the "
             "upstream refused it).", ["outcome"], registry=r,
         ))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,6 +14,7 @@ from aiohttp import web
 from ..core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ..core.fleet import Verdict
 from ..core.route import Deployment
+from ..core.value import value
 from .drain import FAREWELL_S
 from .edge import Incoming, upstream_headers, written_by_aiohttp
 from .service import Service
@@ -178,7 +178,7 @@ def answer_headers(
     return headers
 
 
-@dataclass(frozen=True)
+@value
 class Relayed:
     """How a relayed stream ended, and the usage it reported (or the events it counted)."""
 

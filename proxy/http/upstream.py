@@ -13,17 +13,17 @@ import asyncio
 import functools
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlencode
 
 from yarl import URL
 
 from ..core.provider import Timeouts
+from ..core.value import value
 from .wire import Connection, Origin
 
 
-@dataclass(frozen=True)
+@value
 class UpstreamRequest:
     path: str  # e.g. "/chat/completions", relative to the provider's base URL
     body: bytes  # JSON, already rewritten (upstream model name, stream options)
@@ -77,8 +77,8 @@ class HttpUpstream:
         url = URL(base_url.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
-        for name, value in headers.items():
-            _check_header(name, value)
+        for name, text in headers.items():
+            _check_header(name, text)
         tls = _tls_context() if url.scheme == "https" else None
         self._origin = Origin(url.raw_host, url.port or (443 if tls else 80), tls)
         self._max_response_bytes = max_response_bytes

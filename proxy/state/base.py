@@ -13,10 +13,10 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from ..config.state import StateSettings
+from ..core.value import value
 
 
 def replica_id() -> str:
@@ -24,7 +24,7 @@ def replica_id() -> str:
     return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Lease:
     member: str
     provider: str
