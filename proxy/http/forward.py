@@ -101,7 +101,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     key_taken = False
     try:
         _within_budget(service, principal.name)
-        key_taken = await take_key(service, principal, plan)
+        key_taken = service.shared.shared and await take_key(service, principal, plan)
         with lifecycle.call():
             return await _drive(service, exchange, path)
     except asyncio.CancelledError:
@@ -224,8 +224,11 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     if hit is not None:
                         return hit
                     _within_budget(service, exchange.plan.caller)
-                    command, exchange.lease = await grant(service, attempts,
-                                                          decision.deployment, now)
+                    if service.shared.shared:
+                        command, exchange.lease = await grant(service, attempts,
+                                                              decision.deployment, now)
+                    else:
+                        command = attempts.granted(decision.deployment, now)
             case Send(deployment=deployment):
                 record = exchange.request[RECORD]
                 record.upstream = deployment.id

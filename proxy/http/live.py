@@ -93,7 +93,7 @@ class LiveStats:
             if seen <= SAMPLES:
                 waits.append(record.queue_s)
             else:
-                slot = self._rng.randrange(seen)
+                slot = int(self._rng.random() * seen)
                 if slot < SAMPLES:
                     waits[slot] = record.queue_s
         label = (record.key or "-", tier or "-")
