@@ -263,3 +263,53 @@ async def test_draining_serves_what_still_fits_and_turns_the_rest_away() -> None
     with pytest.raises(ShuttingDown):
         await adm.wait(ticket(0, est=1.0))
     adm.close()
+
+
+async def test_enter_decides_at_once_on_a_free_slot_and_holds_no_future() -> None:
+    adm, s = make()
+    t = ticket(2)
+    decision = adm.enter(t)
+    assert isinstance(decision, Dispatch) and decision.ticket is t
+    assert t.state is TicketState.DISPATCHED and not adm._waiting
+
+
+async def test_enter_queues_when_busy_and_decided_waits_for_the_slot() -> None:
+    adm, s = make()
+    first = ticket(2)
+    assert isinstance(adm.enter(first), Dispatch)
+    second = ticket(2)
+    assert adm.enter(second) is None and second.state is TicketState.QUEUED
+    waiter = asyncio.ensure_future(adm.decided(second))
+    await settle()
+    assert not waiter.done()
+    release(adm, first)
+    decision = await within(waiter)
+    assert isinstance(decision, Dispatch) and decision.ticket is second
+    assert not adm._waiting and not adm._cutoffs
+
+
+async def test_enter_returns_a_refusal_made_at_once() -> None:
+    adm, s = make(max_queue=1)
+    assert isinstance(adm.enter(ticket(2)), Dispatch)
+    assert adm.enter(ticket(2)) is None  # queued: the bound is reached
+    refused = adm.enter(ticket(3))
+    assert isinstance(refused, Rejection) and refused.code == "queue_full"
+
+
+async def test_enter_while_draining_refuses_a_call_that_cannot_finish_in_time() -> None:
+    clock = FakeClock()
+    adm, s = make(clock=clock)
+    adm.drain(clock.now() + 5.0)
+    with pytest.raises(ShuttingDown):
+        adm.enter(ticket(2, est=10.0))
+    assert s.snapshot(clock.now())["queued"] == 0
+    busy = ticket(2, est=1.0)
+    assert isinstance(adm.enter(busy), Dispatch)
+    queued = ticket(2, est=1.0)
+    assert adm.enter(queued) is None and queued in adm._cutoffs  # turned away at its cutoff
+    waiter = asyncio.ensure_future(adm.decided(queued))
+    await settle()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert queued.state is TicketState.CANCELLED and not adm._cutoffs and not adm._waiting

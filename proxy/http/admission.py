@@ -32,18 +32,30 @@ class Admission:
         """Queue ``ticket`` and wait for the scheduler's decision about it: a slot
         (``Dispatch``) or a refusal (``Rejection``). Raises ShuttingDown once closed, or
         while draining once the call could no longer finish in time."""
+        decision = self.enter(ticket)
+        return decision if decision is not None else await self.decided(ticket)
+
+    def enter(self, ticket: Ticket) -> Dispatch | Rejection | None:
+        """Queue ``ticket``: the decision if the scheduler made it at once (a free slot, a
+        refusal), else None, and ``decided`` waits for it. Raises as ``wait`` does.
+        A call that finds a free slot thus costs no future and no coroutine."""
         if self._closed:
             raise ShuttingDown()
-        future: asyncio.Future[Dispatch | Rejection] = (
-            asyncio.get_running_loop().create_future())
-        self._waiting[ticket] = future
-        if self._drain_until is not None:
-            self._arm_cutoff(ticket)
-            if future.done():
-                self._waiting.pop(ticket, None)
-                return future.result()  # raises ShuttingDown
-        self.scheduler.submit(ticket, self._clock.now())
-        self.settle()
+        now = self._clock.now()
+        cutoff_s = None if self._drain_until is None else self._cutoff_s(ticket, now)
+        if cutoff_s is not None and cutoff_s <= 0:
+            raise ShuttingDown()
+        self.scheduler.submit(ticket, now)
+        decision = self._settle(ticket)
+        if decision is None:
+            self._waiting[ticket] = asyncio.get_running_loop().create_future()
+            if cutoff_s is not None:
+                self._arm_cutoff(ticket, cutoff_s)
+        return decision
+
+    async def decided(self, ticket: Ticket) -> Dispatch | Rejection:
+        """Wait for the decision about a ticket ``enter`` queued."""
+        future = self._waiting[ticket]
         try:
             return await future
         except asyncio.CancelledError:
@@ -58,12 +70,15 @@ class Admission:
         """Keep serving, but only calls expected to finish by ``until``: a queued call is
         turned away (ShuttingDown) once its expected service time no longer fits."""
         self._drain_until = until
+        now = self._clock.now()
         for ticket in list(self._waiting):
-            self._arm_cutoff(ticket)
+            self._arm_cutoff(ticket, self._cutoff_s(ticket, now))
 
-    def _arm_cutoff(self, ticket: Ticket) -> None:
+    def _cutoff_s(self, ticket: Ticket, now: float) -> float:
         assert self._drain_until is not None
-        delay = self._drain_until - ticket.est_service_s - self._clock.now()
+        return self._drain_until - ticket.est_service_s - now
+
+    def _arm_cutoff(self, ticket: Ticket, delay: float) -> None:
         if delay <= 0:
             self._turn_away(ticket)
         else:
@@ -83,14 +98,25 @@ class Admission:
     def settle(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
         changed the core."""
+        self._settle(None)
+
+    def _settle(self, entering: Ticket | None) -> Dispatch | Rejection | None:
+        """``settle``; what was decided about ``entering`` (which has no future yet)."""
         if self._timer_at is None and self.scheduler.quiet:
-            return
+            return None
+        mine: Dispatch | Rejection | None = None
         while decisions := self.scheduler.take():
             for rejection in decisions.rejections:
+                if rejection.ticket is entering:
+                    mine = rejection
+                    continue
                 future = self._waiting.pop(rejection.ticket, None)
                 if future is not None and not future.done():
                     future.set_result(rejection)
             for dispatch in decisions.dispatches:
+                if dispatch.ticket is entering:
+                    mine = dispatch
+                    continue
                 future = self._waiting.pop(dispatch.ticket, None)
                 if future is not None and not future.done():
                     future.set_result(dispatch)
@@ -99,6 +125,7 @@ class Admission:
                     # back itself): straight back.
                     self.scheduler.give_back(dispatch.ticket, self._clock.now())
         self._rearm()
+        return mine
 
     def close(self) -> None:
         """Stop the timer and turn every queued waiter away."""

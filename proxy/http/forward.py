@@ -209,7 +209,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
         match command:
             case Queue(ticket=ticket):
                 make_room(service, attempts, ticket)
-                decision = await service.admission.wait(ticket)
+                decision = (service.admission.enter(ticket)
+                            or await service.admission.decided(ticket))
                 now = service.clock.now()
                 if isinstance(decision, Rejection):
                     command = attempts.refused(decision.code, decision.retry_after_s, now)
