@@ -227,3 +227,18 @@ class Capacity:
             gate = self.gates[deployment]
             by_pool.setdefault(gate.pool.name, []).append(gate)
         return {pool: tuple(gates) for pool, gates in by_pool.items()}
+
+
+def first_open(gates: tuple[Gate, ...], now: float) -> Gate:
+    """The first gate open at ``now``, else the first (plain loops: this runs per call)."""
+    for gate in gates:
+        if gate.open(now):
+            return gate
+    return gates[0]
+
+
+def all_down(gates: tuple[Gate, ...], now: float) -> bool:
+    for gate in gates:  # noqa: SIM110 - all() over a generator costs a frame per call
+        if not gate.down(now):
+            return False
+    return True

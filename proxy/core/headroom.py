@@ -37,6 +37,7 @@ class Headroom:
         self._rate: dict[str, list[float]] = {}
         self._stamp: dict[str, list[float]] = {}
         self._quiet: dict[str, list[float]] = {}
+        self._unheard = [-math.inf] * tiers  # a provider with no arrival yet: quiet
 
     def record(self, provider: str, tier: int, service_s: float, now: float) -> None:
         """A call of ``tier`` that will most likely run on ``provider`` arrived."""
@@ -99,19 +100,23 @@ class Headroom:
                      running: Sequence[int], capacity: int) -> int:
         """The free slots of ``provider`` that ``tier`` must leave alone: the largest hold
         of any more urgent tier, never every slot."""
-        ceiling = max(capacity - 1, 0)
-        if not tier or not ceiling:
+        ceiling = capacity - 1
+        if not tier or ceiling <= 0:
             return 0
-        loads = self._load.get(provider)
+        quiets = self._quiet.get(provider, self._unheard)
+        loads, stamps = self._load.get(provider, quiets), self._stamp.get(provider, quiets)
         load = 0.0
         busy = 0
         held = 0
         for urgent in range(tier):
-            if loads is not None:
-                load += self._decayed(loads[urgent], self._stamp[provider][urgent],
-                                      self._quiet[provider][urgent], now)
+            if now < quiets[urgent]:  # as _decayed: a quiet tier's load is 0
+                load += loads[urgent] * math.exp(-(now - stamps[urgent]) / self._horizon)
             busy += running[urgent]
-            held = max(held, self._hold(fixed[urgent], load, busy))
+            fixed_hold = fixed[urgent]
+            if fixed_hold is not None:
+                held = max(held, fixed_hold)
+            elif load:  # no recent load holds nothing (_hold's own answer, sooner)
+                held = max(held, self._hold(None, load, busy))
         return min(held, ceiling)
 
     def lapse_time(self, provider: str, tier: int, target: int, now: float,

@@ -196,7 +196,9 @@ class Policy:
         """A call of ``tier`` held a slot of ``pool`` for ``service_s``."""
         old = self.means.get(pool, service_s)
         self.means[pool] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
-        per_tier = self._served.setdefault(pool, [None] * len(self._tiers))
+        per_tier = self._served.get(pool)
+        if per_tier is None:
+            per_tier = self._served[pool] = [None] * len(self._tiers)
         seen = per_tier[tier]
         per_tier[tier] = (service_s if seen is None
                           else seen + _SERVICE_EWMA_ALPHA * (service_s - seen))

@@ -26,7 +26,7 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 
-from .capacity import Capacity, Gate, Pool
+from .capacity import Capacity, Gate, Pool, all_down, first_open
 from .generations import TierMaps
 from .headroom import Headroom
 from .policy import HOLD_PATIENCE, Policy
@@ -138,7 +138,7 @@ class Scheduler:
             ticket.deadline = now + max_wait_s
             ticket.order = self._next_order
             self._next_order += 1
-            likely = next((g for g in gates if g.open(now)), gates[0]).pool.name
+            likely = first_open(gates, now).pool.name
             self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
         ticket.state = TicketState.QUEUED
         ticket.visit += 1
@@ -146,7 +146,7 @@ class Scheduler:
         if ticket.deadline <= now:
             self._reject(ticket, "queue_timeout", now, queued=False)
             return
-        if all(g.down(now) for g in gates):
+        if all_down(gates, now):
             self._reject(ticket, "upstream_unavailable", now, queued=False)
             return
         if not self._queues.queued and self._start_at_once(ticket, gates, now):
