@@ -223,6 +223,8 @@ def test_count_messages_estimates_past_the_limit(counter: TokenCounter) -> None:
         [{"role": "user", "content": {"text": "not a list"}}],
         [{"role": "assistant", "tool_calls": "nope", "function_call": [1]}],
         [{"role": "assistant", "tool_calls": [None, {"function": "x"}]}],
+        # An unhashable part type once raised TypeError (a 500 for the call).
+        [{"role": "user", "content": [{"type": ["text"], "text": "x"}, {"type": {"a": 1}}]}],
     ],
 )
 def test_junk_never_raises(counter: TokenCounter, junk: object) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Iterator
 
 import tiktoken
 
@@ -112,13 +111,13 @@ class TokenCounter:
         """
         if not isinstance(messages, list):
             return 0
-        text_tokens = self._count_texts(_all_pieces(messages), max_exact_chars)
+        texts: list[str] = []
         overhead = TOKENS_PER_REPLY
         for message in messages:
             if isinstance(message, dict):
-                overhead += TOKENS_PER_MESSAGE + _role_tokens(message)
-                overhead += TOKENS_PER_IMAGE * sum(1 for _ in _image_parts(message))
-        return text_tokens + overhead
+                images = _message_pieces(message, texts)
+                overhead += TOKENS_PER_MESSAGE + _role_tokens(message) + TOKENS_PER_IMAGE * images
+        return self._count_texts(texts, max_exact_chars) + overhead
 
     def count_input(self, value: object, max_exact_chars: int | None = None) -> int:
         """Tokens of a completions ``prompt`` or embeddings ``input``.
@@ -158,17 +157,18 @@ class TokenCounter:
             return ""
         for message in reversed(messages):
             if isinstance(message, dict) and message.get("role") == "user":
-                return "\n".join(_content_texts(message.get("content")))
+                texts: list[str] = []
+                _content_texts(message.get("content"), texts)
+                return "\n".join(texts)
         return ""
 
 
 def _all_pieces(messages: list[object]) -> list[str]:
-    return [
-        piece
-        for message in messages
-        if isinstance(message, dict)
-        for piece in _message_pieces(message)
-    ]
+    texts: list[str] = []
+    for message in messages:
+        if isinstance(message, dict):
+            _message_pieces(message, texts)
+    return texts
 
 
 def _role_tokens(message: dict[object, object]) -> int:
@@ -178,46 +178,53 @@ def _role_tokens(message: dict[object, object]) -> int:
     return role + name
 
 
-def _message_pieces(message: dict[object, object]) -> Iterator[str]:
+# Plain functions that append to one list, not generators: a call counts every message,
+# and a generator per message and per part cost more than the counting of a short prompt.
+
+def _message_pieces(message: dict[object, object], texts: list[str]) -> int:
+    """Appends the message's countable texts to ``texts``; returns its count of images."""
     name = message.get("name")
     if isinstance(name, str) and name:
-        yield name
-    yield from _content_texts(message.get("content"))
+        texts.append(name)
+    images = _content_texts(message.get("content"), texts)
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, list):
         for call in tool_calls:
             if isinstance(call, dict):
-                yield from _function_texts(call.get("function"))
-    yield from _function_texts(message.get("function_call"))
+                _function_texts(call.get("function"), texts)
+    _function_texts(message.get("function_call"), texts)
+    return images
 
 
-def _function_texts(function: object) -> Iterator[str]:
+def _function_texts(function: object, texts: list[str]) -> None:
     if isinstance(function, dict):
         for field in ("name", "arguments"):
             value = function.get(field)
             if isinstance(value, str) and value:
-                yield value
+                texts.append(value)
 
 
-def _content_texts(content: object) -> Iterator[str]:
+def _content_texts(content: object, texts: list[str]) -> int:
+    """Appends the texts of a message's content; returns its count of image parts."""
     if isinstance(content, str):
         if content:
-            yield content
-        return
+            texts.append(content)
+        return 0
     if not isinstance(content, list):
-        return
+        return 0
+    images = 0
     for part in content:
-        if isinstance(part, str) and part:
-            yield part
-        elif isinstance(part, dict) and part.get("type") in _TEXT_PART_TYPES:
-            text = part.get("text")
-            if isinstance(text, str) and text:
-                yield text
-
-
-def _image_parts(message: dict[object, object]) -> Iterator[object]:
-    content = message.get("content")
-    if isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in _IMAGE_PART_TYPES:
-                yield part
+        if isinstance(part, str):
+            if part:
+                texts.append(part)
+        elif isinstance(part, dict):
+            kind = part.get("type")
+            if not isinstance(kind, str):  # an odd part counts as empty (and [] is unhashable)
+                continue
+            if kind in _TEXT_PART_TYPES:
+                text = part.get("text")
+                if isinstance(text, str) and text:
+                    texts.append(text)
+            elif kind in _IMAGE_PART_TYPES:
+                images += 1
+    return images
