@@ -234,9 +234,14 @@ class Attempts:
 
     def _route(self, now: float) -> Command:
         plan, engine = self.plan, self.engine
-        ranked = rank(plan.route, plan.tier_name, plan.prompt_tokens,
-                      plan.output_tokens * plan.call.choices,
-                      engine.stats(plan.route.candidates, now), engine.rng)
+        candidates = plan.route.candidates
+        if len(candidates) == 1:  # nothing to rank (rank() would keep it unless it is down)
+            only = candidates[0]
+            ranked = [] if engine.fleet.breakers[only.id].down(now) else [only]
+        else:
+            ranked = rank(plan.route, plan.tier_name, plan.prompt_tokens,
+                          plan.output_tokens * plan.call.choices,
+                          engine.stats(candidates, now), engine.rng)
         usable = [d for d in ranked if d.id not in self._excluded]
         if not usable:
             return self._give_up(now)
@@ -308,7 +313,10 @@ class Attempts:
             self.engine.fleet.settle_key(self.plan.caller, self.plan.tokens, actual, now)
 
     def candidate(self, deployment_id: str) -> Deployment:
-        return next(d for d in self.plan.route.candidates if d.id == deployment_id)
+        for deployment in self.plan.route.candidates:
+            if deployment.id == deployment_id:
+                return deployment
+        raise ValueError(f"{deployment_id!r} is not a candidate of this call")
 
     def tokens(self, deployment: Deployment) -> int:
         """What a call through ``deployment`` is charged to its rpm/tpm before it answers."""
