@@ -40,6 +40,27 @@ def test_rolling_counts_stay_bounded_and_never_overcount(times: list[float]) -> 
         assert recent <= counts.total("calls", now) <= within
 
 
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0.0, 60.0), st.sampled_from(["a", "b"]),
+                                st.integers(1, 3), st.booleans()), max_size=80))
+def test_rolling_counts_count_exactly_the_slots_in_the_window(
+        steps: list[tuple[float, str, int, bool]]) -> None:
+    """Adds (many within one slot, which take a shortcut) and reads interleaved, against
+    the definition: the slots floor(t / slot) within the last ``buckets`` of the read's."""
+    counts = RollingCounts(window_s=10.0, buckets=5)
+    added: list[tuple[int, str, int]] = []
+    for now, name, n, read in sorted(steps):
+        if read:
+            slot = int(now // 2.0)
+            expected = sum(k for s, m, k in added if m == name and s > slot - 5)
+            assert counts.total(name, now) == expected
+        else:
+            counts.add(name, now, n)
+            added.append((int(now // 2.0), name, n))
+    counts.clear()
+    assert counts.total("a", 60.0) == 0
+
+
 # Steps: (now, tokens to take, expected wait). A bucket of 60 a minute: one token a second.
 BUCKET_STEPS = {
     "starts full and drains": [(0.0, 60, 0.0), (0.0, 1, 1.0)],

@@ -29,12 +29,19 @@ class RollingCounts:
         self._slot_s = window_s / buckets
         self._buckets = buckets
         self._ring: deque[tuple[int, dict[str, int]]] = deque()
+        # The newest slot's time span and counts: an add within it touches nothing else.
+        self._newest: tuple[float, float, dict[str, int]] | None = None
 
     def add(self, name: str, now: float, n: int = 1) -> None:
-        slot = self._prune(now)
-        if not self._ring or self._ring[-1][0] < slot:
-            self._ring.append((slot, {}))
-        counts = self._ring[-1][1]
+        newest = self._newest
+        if newest is not None and newest[0] <= now < newest[1]:
+            counts = newest[2]
+        else:
+            slot = self._prune(now)
+            if not self._ring or self._ring[-1][0] < slot:
+                self._ring.append((slot, {}))
+            last, counts = self._ring[-1]
+            self._newest = (last * self._slot_s, (last + 1) * self._slot_s, counts)
         counts[name] = counts.get(name, 0) + n
 
     def total(self, name: str, now: float) -> int:
@@ -43,6 +50,7 @@ class RollingCounts:
 
     def clear(self) -> None:
         self._ring.clear()
+        self._newest = None
 
     def _prune(self, now: float) -> int:
         slot = math.floor(now / self._slot_s)
@@ -183,15 +191,13 @@ class ProviderLimits:
 
     def wait_s(self, tokens: int, now: float) -> float:
         """Seconds until a call of ``tokens`` (prompt + expected output) could go. Takes nothing."""
-        waits = [
-            self._upstream_requests.wait_s(1, now),
-            self._upstream_tokens.wait_s(tokens, now),
-        ]
+        wait = max(self._upstream_requests.wait_s(1, now),
+                   self._upstream_tokens.wait_s(tokens, now))
         if self.requests is not None:
-            waits.append(self.requests.wait_s(1, now))
+            wait = max(wait, self.requests.wait_s(1, now))
         if self.tokens is not None:
-            waits.append(self.tokens.wait_s(tokens, now))
-        return max(waits)
+            wait = max(wait, self.tokens.wait_s(tokens, now))
+        return wait
 
     def take(self, tokens: int, now: float) -> float:
         """0.0 and the call's share is taken; otherwise the seconds to wait (nothing taken)."""
