@@ -41,8 +41,9 @@ def test_rolling_counts_stay_bounded_and_never_overcount(times: list[float]) -> 
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps=st.lists(st.tuples(st.floats(0.0, 60.0), st.sampled_from(["a", "b"]),
-                                st.integers(1, 3), st.booleans()), max_size=80))
+@given(steps=st.lists(st.tuples(st.integers(0, 240).map(lambda q: q / 4),
+                                st.sampled_from(["a", "b"]), st.integers(1, 3),
+                                st.booleans()), max_size=80))
 def test_rolling_counts_count_exactly_the_slots_in_the_window(
         steps: list[tuple[float, str, int, bool]]) -> None:
     """Adds (many within one slot, which take a shortcut) and reads interleaved, against
@@ -59,6 +60,14 @@ def test_rolling_counts_count_exactly_the_slots_in_the_window(
             added.append((int(now // 2.0), name, n))
     counts.clear()
     assert counts.total("a", 60.0) == 0
+
+
+
+def test_an_add_just_past_a_slot_counts_in_the_next_one() -> None:
+    counts = RollingCounts(window_s=10.0, buckets=5)  # slots of 2 s
+    counts.add("calls", 1.0)  # slot 0
+    counts.add("calls", 2.0)  # slot 1: the shortcut must not take it for slot 0
+    assert counts.total("calls", 10.0) == 1  # slot 0 has left the window, slot 1 has not
 
 
 # Steps: (now, tokens to take, expected wait). A bucket of 60 a minute: one token a second.
