@@ -17,11 +17,9 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
+    # The builtins themselves, not methods that call them: a call reads the clock ~10 times.
+    now = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
 
 
 class FakeClock:
