@@ -112,3 +112,36 @@ def test_event_boundaries_by_find_and_by_the_pattern_agree(buffer: bytes, pos: i
     assert boundaries(buffer.replace(b"\r", b""), pos) == [
         m.span() for m in _BOUNDARY.finditer(buffer.replace(b"\r", b""), pos)]
 
+
+
+class EventByEvent(StreamTally):
+    """The reference: every buffer cut by ``boundaries`` and every event inspected."""
+
+    def _split(self, buffer: bytes, pos: int) -> bytes:
+        return self._cut(buffer, pos)
+
+
+PIECES = [
+    *CONTENT, USAGE, b"data: [DONE]\n\n", b": keep-alive\n\n", b"\n\n",
+    b"event: delta\ndata: {\"a\": 1}\n\n", b"data: {\"a\":\ndata: 1}\n\n", b"data: [1, 2]\n\n",
+    chunk({"type": "response.created", "response": {"id": "resp_1"}}),
+    chunk({"type": "response.completed", "response": {"usage": {"input_tokens": 2}}}),
+    chunk({"choices": [{"delta": {"content": "response. and [DONE] as text"}}]}),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), strip=st.booleans(), keep=st.sampled_from([0, 60, 10_000]))
+def test_counting_whole_buffers_tallies_as_inspecting_every_event(
+        data: st.DataObject, strip: bool, keep: int) -> None:
+    stream = b"".join(data.draw(st.lists(st.sampled_from(PIECES), max_size=12)))
+    pieces = data.draw(cuts(stream))
+    fast, slow = StreamTally(strip, keep), EventByEvent(strip, keep)
+    out = [tally_out(t, pieces) for t in (fast, slow)]
+    assert out[0] == out[1]
+    assert (fast.events, fast.usage, fast.done, fast.response_id, fast.kept) == (
+        slow.events, slow.usage, slow.done, slow.response_id, slow.kept)
+
+
+def tally_out(tally: StreamTally, pieces: list[bytes]) -> bytes:
+    return b"".join(tally.feed(piece) for piece in pieces) + tally.finish()
