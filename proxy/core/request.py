@@ -84,8 +84,9 @@ def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
             "'messages' is required and must be a non-empty array.", param="messages")
-    if not all(isinstance(m, dict) for m in messages):
-        raise InvalidRequest("Each message must be an object.", param="messages")
+    for message in messages:
+        if not isinstance(message, dict):
+            raise InvalidRequest("Each message must be an object.", param="messages")
     call.max_tokens = (_positive_int(call.body, "max_completion_tokens")
                        or _positive_int(call.body, "max_tokens"))
     call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1

@@ -287,10 +287,13 @@ async def _send(service: Service, exchange: Exchange, path: str,
     if strip_usage:
         body["stream_options"] = {**(call.body.get("stream_options") or {}),
                                   "include_usage": True}
+    forwarded = {"x-request-id": request[REQUEST_ID]}
+    for name in FORWARDED_REQUEST_HEADERS:
+        if name in request.headers:
+            forwarded[name] = request.headers[name]
     upstream_request = UpstreamRequest(
         path=path, body=orjson.dumps(body), model=deployment.model, stream=call.stream,
-        headers={**{h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS
-                    if h in request.headers}, "x-request-id": request[REQUEST_ID]},
+        headers=forwarded,
     )
     started = service.clock.now()
     try:
