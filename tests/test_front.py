@@ -539,6 +539,8 @@ def _answers() -> list[web.Response]:
         web.Response(body=b"", status=200),
         web.Response(body=b"data: x\n\n", status=503, reason="Busy Now"),
         web.Response(body=b"raw"),
+        # aiohttp's serializer drops a lone surrogate (a header read with surrogateescape)
+        web.Response(body=b"x", headers={"x-odd": "a\udcffb"}),
     ]
 
 
@@ -554,13 +556,14 @@ async def test_a_plain_answer_is_the_bytes_aiohttp_would_write(index: int,
 @pytest.mark.parametrize("response", [
     web.Response(body=b"x", headers={"x-bad": "a\x01b"}),
     web.Response(body=b"x", headers={"x-bad": "a\rb"}),
-    web.Response(body=b"x", headers={"x-bad": "\udcff"}),
     web.Response(body=b"xyz", headers={"content-length": "1"}),
     web.Response(body=b"x", status=204),
     web.StreamResponse(),
 ], ids=str)
 def test_answers_whole_answer_leaves_to_aiohttps_writer(response: web.StreamResponse) -> None:
+    before = list(response.headers.items())
     assert whole_answer(response, True) is None
+    assert list(response.headers.items()) == before  # left as it was, for aiohttp
 
 
 @pytest.mark.parametrize("cancellation", [True, False])

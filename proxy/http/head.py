@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_parser import SINGLETON_HEADERS
+from aiohttp.http_writer import _serialize_headers
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..core.value import value
@@ -27,8 +28,6 @@ _LINE = re.compile(rb"POST (/v1/[a-z/]+) HTTP/1\.1\r\n")
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
 # What no head aiohttp accepts has, even before it ends: a control byte, a bare LF or CR.
 _REFUSED = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|(?<!\r)\n|\r(?=[^\n])")
-# What aiohttp's writer refuses in a status line or header: a control byte but tab.
-_UNWRITABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 # Headers that need aiohttp's handling: chunked or compressed bodies, 100-continue, upgrades
 # (and the old WebSocket handshake aiohttp refuses).
 _AIOHTTPS = ("transfer-encoding", "content-encoding", "expect", "upgrade",
@@ -131,22 +130,22 @@ def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes,
     headers = response.headers
     if "content-length" in headers:
         return None  # aiohttp's writer holds the body to it
-    fields = [f"{name}: {value}" for name, value in headers.items()]
-    fields.append(f"Content-Length: {len(body)}")
+    # What aiohttp's writer adds, in its order, to the answer's own headers (as it does);
+    # then aiohttp's own serializer, which refuses what aiohttp would refuse.
+    added = {"Content-Length": str(len(body))}
     if body and "content-type" not in headers:
-        fields.append("Content-Type: application/octet-stream")
+        added["Content-Type"] = "application/octet-stream"
     if "date" not in headers:
-        fields.append(f"Date: {rfc822_formatted_time()}")
+        added["Date"] = rfc822_formatted_time()
     if "server" not in headers:
-        fields.append(f"Server: {SERVER_SOFTWARE}")
+        added["Server"] = SERVER_SOFTWARE
     if not keep_alive and "connection" not in headers:
-        fields.append("Connection: close")
-    text = "\n".join((response.reason, *fields))
-    if _UNWRITABLE.search(text) is not None or text.count("\n") != len(fields):
-        return None  # aiohttp's writer refuses it
+        added["Connection"] = "close"
+    headers.extend(added)
     try:
-        lines = "\r\n".join(fields)
-        head = f"HTTP/1.1 {status} {response.reason}\r\n{lines}\r\n\r\n".encode()
-    except UnicodeEncodeError:
+        head: bytes = _serialize_headers(f"HTTP/1.1 {status} {response.reason}", headers)
+    except ValueError:  # a CR, LF or other control byte: left as it was, for aiohttp
+        for name in added:
+            del headers[name]
         return None
     return head, body

@@ -309,7 +309,9 @@ class Connection(asyncio.Protocol):
             if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
                 self._paused = True
                 self._transport.pause_reading()
-        self._wake()
+        waiter = self._waiter  # _wake, inline: a stream's chunks come several to a read
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         if not self._head:
