@@ -4,8 +4,8 @@ aiohttp's server spends about 50 µs of CPU and 13 KiB on a request before its h
 The lane reads the plain case itself (``proxy.http.head``) — an HTTP/1.1 ``POST`` to a
 proxied route, with a well formed head and a ``Content-Length`` body within the limit — and
 runs the same middleware and handler on it, as soon as the head is in (a wrong key is
-refused before its body is read, as aiohttp does). A plain answer is written in one go;
-streams go through aiohttp's own response writer. Anything else (another route, a query
+refused before its body is read, as aiohttp does). A plain answer is written in one go,
+an SSE stream by ``proxy.http.events``; any other answer by aiohttp's writer. Anything else (another route, a query
 string, a chunked or compressed body, ``Expect``, ``Upgrade``, a head it does not accept, a
 body over the limit) hands the connection, from that request's first byte, to aiohttp's
 protocol, which serves it and whatever follows on that connection.
@@ -70,6 +70,10 @@ class FastRequest:
     @property
     def transport(self) -> asyncio.Transport | None:
         return self._protocol.transport
+
+    @property
+    def protocol(self) -> BaseProtocol:
+        return self._protocol
 
     @property
     def _payload_writer(self) -> StreamWriter:

@@ -17,6 +17,7 @@ from ..core.route import Deployment
 from ..core.value import value
 from .drain import FAREWELL_S
 from .edge import Incoming, upstream_headers, written_by_aiohttp
+from .events import event_stream
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from .upstream import UpstreamResponse
@@ -236,13 +237,6 @@ def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
     return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
 
 
-class _EventStream(web.StreamResponse):
-    """An SSE answer whose head goes out with its first event, in one write (the first
-    event follows ``prepare`` at once), not in a write of its own."""
-
-    _send_headers_immediately = False
-
-
 class _ClientGone(Exception):
     """The client stopped reading (write timed out) or disconnected."""
 
@@ -319,7 +313,7 @@ async def relay(
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
     ``response.completed``/``incomplete``/``failed``) was cut."""
-    answer = _EventStream(headers=headers)
+    answer = event_stream(request, headers)
     answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
     tally = StreamTally(strip_usage, keep_bytes)

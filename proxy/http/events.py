@@ -1,0 +1,103 @@
+"""An SSE answer: aiohttp's own response, or, for a call the fast lane took
+(``proxy.http.front``), the lane's, written straight to its connection.
+
+The lane's answer writes the bytes aiohttp's response and writer would write — the same
+headers in the same order, made by aiohttp's own serializer, chunked the same way — with
+none of their per-answer machinery (about 5 µs a stream). Like aiohttp's, its head goes
+out with the first event, and its end with the last.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.client_exceptions import ClientConnectionResetError
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_writer import _serialize_headers
+
+from .edge import Incoming
+from .front import FastRequest
+
+_END = b"0\r\n\r\n"
+
+
+class EventStream(web.StreamResponse):
+    """An SSE answer whose head goes out with its first event, in one write (the first
+    event follows ``prepare`` at once), not in a write of its own."""
+
+    _send_headers_immediately = False
+
+
+class LaneEvents(EventStream):
+    """The fast lane's SSE answer (see the module)."""
+
+    _lane: FastRequest | None = None
+    _head: bytes | None = None  # until the first write
+
+    @property
+    def prepared(self) -> bool:
+        return self._eof_sent or self._lane is not None
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self._eof_sent or self._lane is not None:
+            return None
+        lane = cast(FastRequest, request)
+        # What aiohttp's _prepare_headers does for a POST answered with a body of unknown
+        # length over HTTP/1.1, in its order.
+        if self._keep_alive is None:
+            self._keep_alive = lane.keep_alive
+        headers = self._headers
+        headers["Transfer-Encoding"] = "chunked"
+        headers.setdefault("Content-Type", "application/octet-stream")
+        if "Date" not in headers:
+            headers["Date"] = rfc822_formatted_time()
+        headers.setdefault("Server", SERVER_SOFTWARE)
+        if "Connection" not in headers and not self._keep_alive:
+            headers["Connection"] = "close"
+        self._head = _serialize_headers(f"HTTP/1.1 {self._status} {self._reason}", headers)
+        self._lane = lane
+        return None
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        lane = self._lane
+        if lane is None:
+            raise RuntimeError("Cannot call write() before prepare()")
+        if self._eof_sent:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if self._head is None and not data:
+            return
+        self._send(lane, bytes(data), b"\r\n")
+        protocol = lane.protocol
+        if protocol.writing_paused:  # aiohttp drains past 64 KiB; the transport knows better
+            await protocol._drain_helper()
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._eof_sent:
+            return
+        lane = self._lane
+        if lane is None:
+            raise RuntimeError("Cannot call write_eof() before prepare()")
+        self._send(lane, data, b"\r\n" + _END)
+        self._eof_sent = True
+        await lane.protocol._drain_helper()
+
+    def _send(self, lane: FastRequest, data: bytes, tail: bytes) -> None:
+        transport = lane.transport
+        if transport is None or transport.is_closing():
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        pieces = [] if self._head is None else [self._head]
+        self._head = None
+        if data:
+            pieces += (f"{len(data):x}\r\n".encode("ascii"), data, tail)
+        elif tail != b"\r\n":
+            pieces.append(_END)
+        transport.writelines(pieces)
+
+
+def event_stream(request: Incoming, headers: dict[str, str]) -> EventStream:
+    """The answer for a stream to ``request``, by whichever server took it."""
+    kind = LaneEvents if isinstance(request, FastRequest) else EventStream
+    return kind(headers=headers)
