@@ -266,7 +266,7 @@ async def test_draining_serves_what_still_fits_and_turns_the_rest_away() -> None
 
 
 async def test_enter_decides_at_once_on_a_free_slot_and_holds_no_future() -> None:
-    adm, s = make()
+    adm, _ = make()
     t = ticket(2)
     decision = adm.enter(t)
     assert isinstance(decision, Dispatch) and decision.ticket is t
@@ -274,7 +274,7 @@ async def test_enter_decides_at_once_on_a_free_slot_and_holds_no_future() -> Non
 
 
 async def test_enter_queues_when_busy_and_decided_waits_for_the_slot() -> None:
-    adm, s = make()
+    adm, _ = make()
     first = ticket(2)
     assert isinstance(adm.enter(first), Dispatch)
     second = ticket(2)
@@ -289,7 +289,7 @@ async def test_enter_queues_when_busy_and_decided_waits_for_the_slot() -> None:
 
 
 async def test_enter_returns_a_refusal_made_at_once() -> None:
-    adm, s = make(max_queue=1)
+    adm, _ = make(max_queue=1)
     assert isinstance(adm.enter(ticket(2)), Dispatch)
     assert adm.enter(ticket(2)) is None  # queued: the bound is reached
     refused = adm.enter(ticket(3))

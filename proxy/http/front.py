@@ -5,10 +5,11 @@ The lane reads the plain case itself (``proxy.http.head``) — an HTTP/1.1 ``POS
 proxied route, with a well formed head and a ``Content-Length`` body within the limit — and
 runs the same middleware and handler on it, as soon as the head is in (a wrong key is
 refused before its body is read, as aiohttp does). A plain answer is written in one go,
-an SSE stream by ``proxy.http.events``; any other answer by aiohttp's writer. Anything else (another route, a query
-string, a chunked or compressed body, ``Expect``, ``Upgrade``, a head it does not accept, a
-body over the limit) hands the connection, from that request's first byte, to aiohttp's
-protocol, which serves it and whatever follows on that connection.
+an SSE stream by ``proxy.http.events``, any other answer by aiohttp's writer. Anything else
+(another route, a query string, a chunked or compressed body, ``Expect``, ``Upgrade``, a
+head it does not accept, a body over the limit) hands the connection, from that request's
+first byte, to aiohttp's protocol, which serves it and whatever follows on that
+connection.
 """
 
 from __future__ import annotations
