@@ -321,7 +321,8 @@ async def relay(
     request[COMMITTED] = True
     watchdog = _Watchdog(timeout_s)
     try:
-        await watchdog.send(answer.prepare(written_by_aiohttp(request)))
+        # Waits for nothing (the head goes out with the first event): no watchdog.
+        await answer.prepare(written_by_aiohttp(request))
         # The chunk that ends the upstream's answer goes out with the end of the client's
         # (and, if it is the first, with the head): one write instead of up to three.
         data = tally.feed(first)
