@@ -70,6 +70,22 @@ def test_an_add_just_past_a_slot_counts_in_the_next_one() -> None:
     assert counts.total("calls", 10.0) == 1  # slot 0 has left the window, slot 1 has not
 
 
+
+def test_an_add_at_a_float_slot_boundary_goes_in_the_slot_prune_computes() -> None:
+    counts = RollingCounts(1.0, 10)  # slots of 0.1 s: 7.8 / 0.1 is slot 78, 78 * 0.1 > 7.8
+    counts.add("x", 7.75)
+    counts.add("y", 7.8)
+    assert counts.total("y", 8.75) == 1  # slot 77 has left the window, slot 78 has not
+
+
+def test_an_add_after_a_read_emptied_the_window_is_kept() -> None:
+    counts = RollingCounts(10.0, 10)
+    counts.add("x", 100.0)
+    counts.total("x", 200.0)  # every slot leaves
+    counts.add("x", 100.5)  # an earlier reading of the clock, added late
+    assert counts.total("x", 100.6) == 1
+
+
 # Steps: (now, tokens to take, expected wait). A bucket of 60 a minute: one token a second.
 BUCKET_STEPS = {
     "starts full and drains": [(0.0, 60, 0.0), (0.0, 1, 1.0)],

@@ -29,19 +29,20 @@ class RollingCounts:
         self._slot_s = window_s / buckets
         self._buckets = buckets
         self._ring: deque[tuple[int, dict[str, int]]] = deque()
-        # The newest slot's time span and counts: an add within it touches nothing else.
-        self._newest: tuple[float, float, dict[str, int]] | None = None
+        # The newest slot and its counts, while the ring holds it: an add in that slot
+        # touches nothing else.
+        self._newest: tuple[int, dict[str, int]] | None = None
 
     def add(self, name: str, now: float, n: int = 1) -> None:
         newest = self._newest
-        if newest is not None and newest[0] <= now < newest[1]:
-            counts = newest[2]
+        if newest is not None and newest[0] == math.floor(now / self._slot_s):
+            counts = newest[1]
         else:
             slot = self._prune(now)
             if not self._ring or self._ring[-1][0] < slot:
                 self._ring.append((slot, {}))
-            last, counts = self._ring[-1]
-            self._newest = (last * self._slot_s, (last + 1) * self._slot_s, counts)
+            self._newest = self._ring[-1]
+            counts = self._newest[1]
         counts[name] = counts.get(name, 0) + n
 
     def total(self, name: str, now: float) -> int:
@@ -56,6 +57,8 @@ class RollingCounts:
         slot = math.floor(now / self._slot_s)
         while self._ring and self._ring[0][0] <= slot - self._buckets:
             self._ring.popleft()
+        if not self._ring:
+            self._newest = None
         return slot
 
 

@@ -39,11 +39,14 @@ class LaneEvents(EventStream):
 
     @property
     def prepared(self) -> bool:
-        return self._eof_sent or self._lane is not None
+        return self._eof_sent or self._lane is not None or self._payload_writer is not None
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self._eof_sent or self._lane is not None:
             return None
+        if (self._status < 200 or self._status in (204, 304) or self._cookies
+                or self._compression or self._chunked):
+            return await super().prepare(request)  # what the relay never sends: aiohttp's
         lane = cast(FastRequest, request)
         # What aiohttp's _prepare_headers does for a POST answered with a body of unknown
         # length over HTTP/1.1, in its order.
@@ -64,7 +67,8 @@ class LaneEvents(EventStream):
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         lane = self._lane
         if lane is None:
-            raise RuntimeError("Cannot call write() before prepare()")
+            await super().write(data)
+            return
         if self._eof_sent:
             raise RuntimeError("Cannot call write() after write_eof()")
         if self._head is None and not data:
@@ -79,7 +83,8 @@ class LaneEvents(EventStream):
             return
         lane = self._lane
         if lane is None:
-            raise RuntimeError("Cannot call write_eof() before prepare()")
+            await super().write_eof(data)
+            return
         self._send(lane, data, b"\r\n" + _END)
         self._eof_sent = True
         await lane.protocol._drain_helper()
