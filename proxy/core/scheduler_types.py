@@ -184,7 +184,7 @@ class Rejection:
     retry_after_s: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Decisions:
     """What the scheduler decided since it was last asked, in order."""
 

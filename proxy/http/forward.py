@@ -138,6 +138,8 @@ ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
 
 
 def _within_budget(service: Service, key: str) -> None:
+    if key not in service.budgets.budgets:
+        return
     wait_s = service.budgets.refused_for(key, service.clock.wall())
     if wait_s is not None:
         budget = service.budgets.budgets[key]

@@ -96,8 +96,11 @@ class HeadReader:
             name, _, value = field.partition(":")
             pairs.append((name, value.strip(" \t")))
         headers = CIMultiDictProxy(CIMultiDict(pairs))
-        if "host" not in headers or any(name in headers for name in _AIOHTTPS):
+        if "host" not in headers:
             return OTHER
+        for name in _AIOHTTPS:
+            if name in headers:
+                return OTHER
         if len(pairs) != len({name.lower() for name, _ in pairs}) and any(
                 len(headers.getall(name, ())) > 1 for name in SINGLETON_HEADERS):
             return OTHER
