@@ -225,7 +225,8 @@ class FrontProtocol(BaseProtocol):
             else:
                 assert self.transport is not None
                 self.transport.writelines(whole)
-                await self._drain_helper()
+                if self._paused:
+                    await self._drain_helper()
         except asyncio.CancelledError:
             self._close()
             raise
