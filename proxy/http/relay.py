@@ -21,6 +21,7 @@ from .events import event_stream
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from .upstream import UpstreamResponse
+from .watchdog import ClientGone, Watchdog
 
 # An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
 # for the next byte: it may be half of a CRLF).
@@ -237,51 +238,6 @@ def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
     return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
 
 
-class _ClientGone(Exception):
-    """The client stopped reading (write timed out) or disconnected."""
-
-
-class _Watchdog:
-    """A stream's write timeout in one timer instead of one per chunk: a write to the
-    client still waiting after ``timeout_s`` ends the relay (aiohttp's writes return at
-    once until its buffer fills, so most never wait)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._timeout_s = timeout_s
-        self._since: float | None = None  # when the write now waiting began
-        self._fired = False
-        self._timer = self._loop.call_later(timeout_s, self._check)
-
-    def _check(self) -> None:
-        since, now = self._since, self._loop.time()
-        if since is not None and now - since >= self._timeout_s:
-            self._fired = True
-            self._task.cancel()
-        else:
-            self._timer = self._loop.call_at((now if since is None else since)
-                                             + self._timeout_s, self._check)
-
-    async def send(self, step: Awaitable[object]) -> None:
-        self._since = self._loop.time()
-        try:
-            await step
-        except asyncio.CancelledError:
-            if self._fired and self._task.uncancel() == 0:
-                raise _ClientGone() from None
-            raise
-        except ConnectionResetError as exc:
-            raise _ClientGone() from exc
-        finally:
-            self._since = None
-
-    def stop(self) -> None:
-        self._timer.cancel()
-
-
 async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
     """One step of sending to the client (head, chunk, end: ``write_eof`` drains the socket
     too), bounded by the write timeout."""
@@ -289,7 +245,7 @@ async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
             await step
     except (TimeoutError, ConnectionResetError) as exc:
-        raise _ClientGone() from exc
+        raise ClientGone() from exc
 
 
 def _hang_up(request: Incoming) -> None:
@@ -319,7 +275,7 @@ async def relay(
     tally = StreamTally(strip_usage, keep_bytes)
     verdict = Verdict.SUCCESS
     request[COMMITTED] = True
-    watchdog = _Watchdog(timeout_s)
+    watchdog = Watchdog(timeout_s)
     try:
         # Waits for nothing (the head goes out with the first event): no watchdog.
         await answer.prepare(written_by_aiohttp(request))
@@ -353,7 +309,7 @@ async def relay(
         try:
             await _to_client(answer.write(event), timeout_s)
             await _to_client(answer.write_eof(), timeout_s)
-        except _ClientGone:
+        except ClientGone:
             _hang_up(request)
     except asyncio.CancelledError:
         task = asyncio.current_task()
@@ -367,9 +323,9 @@ async def relay(
         try:
             await _to_client(answer.write(event), min(timeout_s, FAREWELL_S))
             await _to_client(answer.write_eof(), min(timeout_s, FAREWELL_S))
-        except _ClientGone:
+        except ClientGone:
             _hang_up(request)
-    except _ClientGone:
+    except ClientGone:
         verdict = Verdict.ABANDONED
         request[RECORD].code = "client_gone"
         service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
