@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.config import Config
 from proxy.core.tokens import TokenCounter
 from proxy.http.app import build_app
-from proxy.http.state import SERVICE
+from proxy.http.state import LIFECYCLE, SERVICE
 
 from .conftest import config_from
 from .fakes import FakeUpstream, completion, sse_events
@@ -338,3 +338,31 @@ async def test_models_health_and_embeddings(
     status = await (await client.get("/admin/status")).json()
     assert set(status) >= {"scheduler", "breakers", "providers"}
     assert "proxy_requests_total" in await (await client.get("/metrics")).text()
+
+
+async def test_a_drain_deadline_during_the_last_write_adds_nothing_after_the_end(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
+) -> None:
+    """The stream's end is written, and its drain still waits on a client that is not
+    reading, when the drain deadline passes: nothing may follow the end (no error event, no
+    second terminator); the client can still read the whole stream."""
+    big = b"data: " + orjson.dumps({"choices": [{"delta": {"content": "x" * (7 << 20)}}]})
+    fake = FakeUpstream(raw_stream=[big + b"\n\ndata: [DONE]\n\n"])
+    client = await start(aiohttp_server, aiohttp_client, counter, fake,
+                         limits={"write_timeout_s": 30})
+    body = orjson.dumps({**CHAT, "stream": True})
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    lifecycle = client.app[LIFECYCLE]
+    await until(lambda: lifecycle.in_progress == 1)
+    await asyncio.sleep(0.5)  # the end is written; nothing read: the last write waits
+    assert lifecycle.in_progress == 1
+    await lifecycle.drain(0.1)  # the deadline passes while it waits
+    answer = await asyncio.wait_for(reader.read(), 10)  # to the connection's end
+    writer.close()
+    head, _, chunked = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert chunked.endswith(b"\r\n0\r\n\r\n") and chunked.count(b"\r\n0\r\n\r\n") == 1
+    assert b"data: [DONE]\n\n\r\n0\r\n\r\n" in chunked and b"shutting_down" not in chunked

@@ -276,6 +276,7 @@ async def relay(
     verdict = Verdict.SUCCESS
     request[COMMITTED] = True
     watchdog = Watchdog(timeout_s)
+    ending = False  # the stream's end is being written
     try:
         # Waits for nothing (the head goes out with the first event): no watchdog.
         await answer.prepare(written_by_aiohttp(request))
@@ -299,6 +300,7 @@ async def relay(
             if data:
                 await watchdog.send(answer.write(data))
             raise UpstreamBadResponse("the provider's stream ended before its last event")
+        ending = True
         await watchdog.send(answer.write_eof(data))
     except UpstreamError as exc:
         verdict = Verdict.FAILURE
@@ -313,8 +315,10 @@ async def relay(
             _hang_up(request)
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        if not request.app[LIFECYCLE].expired or task is None:
-            raise  # the client left
+        if not request.app[LIFECYCLE].expired or task is None or ending:
+            # The client left; or the end is written and only its drain was cut short:
+            # nothing may follow it, and the connection closes after what is written.
+            raise
         task.uncancel()  # the drain timed out: say so in the stream, then close it
         verdict = Verdict.ABANDONED
         request[RECORD].code = ShuttingDown.code
