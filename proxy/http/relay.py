@@ -86,19 +86,18 @@ class StreamTally:
                 found = buffer.find(mark, 0, plain)
                 if found >= 0:
                     plain = found
-        passed = []
+        dropped: list[int] = []  # where the events the client must not see start
         offset = 0
         for event in events:
-            offset += len(event)
-            if offset <= plain and event.startswith(b"data: {"):
+            start, offset = offset, offset + len(event) + 2
+            if offset - 2 <= plain and event.startswith(b"data: {"):
                 self.events += 1
-                passed.append(True)
-            else:
-                passed.append(self._inspect(event))
-            offset += 2
-        if all(passed):
+            elif not self._inspect(event):
+                dropped += (start, offset)
+        if not dropped:
             return buffer[:whole]
-        return b"".join(event + b"\n\n" for event, ok in zip(events, passed, strict=True) if ok)
+        edges = [0, *dropped, whole]
+        return b"".join(buffer[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2))
 
     def _cut(self, buffer: bytes, pos: int) -> bytes:
         start, dropped = 0, False
@@ -269,8 +268,8 @@ async def relay(
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
     ``response.completed``/``incomplete``/``failed``) was cut."""
+    headers.setdefault("cache-control", "no-cache")
     answer = event_stream(request, headers)
-    answer.headers.setdefault("cache-control", "no-cache")
     timeout_s = service.config.limits.write_timeout_s
     tally = StreamTally(strip_usage, keep_bytes)
     verdict = Verdict.SUCCESS

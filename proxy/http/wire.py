@@ -295,20 +295,21 @@ class Connection(asyncio.Protocol):
             body = self._decoder.decompress(body, room)
         if not body:
             return
-        self._size += len(body)
-        if not self._stream and self._size > self._max_bytes:
-            self._fail(UpstreamBadResponse(
-                f"the provider's response is larger than {self._max_bytes} bytes"))
-            return
-        self._chunks.append(body)
-        if self._stream:
-            self._buffered += len(body)
+        if self._stream:  # bounded by reading no more past HIGH_WATER, not by a size
+            buffered = self._buffered = self._buffered + len(body)
             if not self._flowing:
                 self._flowing = True
                 self._rearm(self._loop.time() + self._idle_s)
-            if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
+            if buffered > HIGH_WATER and not self._paused and self._transport is not None:
                 self._paused = True
                 self._transport.pause_reading()
+        else:
+            size = self._size = self._size + len(body)
+            if size > self._max_bytes:
+                self._fail(UpstreamBadResponse(
+                    f"the provider's response is larger than {self._max_bytes} bytes"))
+                return
+        self._chunks.append(body)
         waiter = self._waiter  # _wake, inline: a stream's chunks come several to a read
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
