@@ -73,7 +73,7 @@ class LaneEvents(EventStream):
             raise RuntimeError("Cannot call write() after write_eof()")
         if self._head is None and not data:
             return
-        self._send(lane, bytes(data), b"\r\n")
+        self._send(lane, bytes(data), end=False)
         protocol = lane.protocol
         if protocol.writing_paused:  # aiohttp drains past 64 KiB; the transport knows better
             await protocol._drain_helper()
@@ -85,19 +85,22 @@ class LaneEvents(EventStream):
         if lane is None:
             await super().write_eof(data)
             return
-        self._send(lane, data, b"\r\n" + _END)
+        self._send(lane, data, end=True)
         self._eof_sent = True
         await lane.protocol._drain_helper()
 
-    def _send(self, lane: FastRequest, data: bytes, tail: bytes) -> None:
+    def _send(self, lane: FastRequest, data: bytes, *, end: bool) -> None:
+        """The head if not sent yet, ``data`` as a chunk, and with ``end`` the last chunk,
+        in one write (as aiohttp's writer coalesces them)."""
         transport = lane.transport
         if transport is None or transport.is_closing():
             raise ClientConnectionResetError("Cannot write to closing transport")
         pieces = [] if self._head is None else [self._head]
         self._head = None
         if data:
-            pieces += (f"{len(data):x}\r\n".encode("ascii"), data, tail)
-        elif tail != b"\r\n":
+            pieces += (f"{len(data):x}\r\n".encode("ascii"), data,
+                       b"\r\n" + _END if end else b"\r\n")
+        elif end:
             pieces.append(_END)
         transport.writelines(pieces)
 
