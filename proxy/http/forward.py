@@ -211,8 +211,9 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
         match command:
             case Queue(ticket=ticket):
                 make_room(service, attempts, ticket)
-                decision = (service.admission.enter(ticket)
-                            or await service.admission.decided(ticket))
+                decision = service.admission.enter(ticket)
+                if decision is None:
+                    decision = await service.admission.decided(ticket)
                 now = service.clock.now()
                 if isinstance(decision, Rejection):
                     command = attempts.refused(decision.code, decision.retry_after_s, now)
