@@ -98,8 +98,7 @@ class Admission:
     def settle(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
         changed the core."""
-        if self._timer_at is not None or not self.scheduler.quiet:
-            self._settle(None)
+        self._settle(None)
 
     def _settle(self, entering: Ticket | None) -> Dispatch | Rejection | None:
         """``settle``; what was decided about ``entering`` (which has no future yet)."""

@@ -138,11 +138,11 @@ ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
 
 
 def _within_budget(service: Service, key: str) -> None:
-    if key not in service.budgets.budgets:
+    budget = service.budgets.budgets.get(key)
+    if budget is None:
         return
     wait_s = service.budgets.refused_for(key, service.clock.wall())
     if wait_s is not None:
-        budget = service.budgets.budgets[key]
         raise BudgetExceeded(
             f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
             f"{budget.period}.", retry_after=wait_s)

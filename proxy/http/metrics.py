@@ -26,6 +26,7 @@ class _LoopValue(values.MutexValue):
 if values.ValueClass is values.MutexValue:  # not prometheus-client's multiprocess mode
     values.ValueClass = _LoopValue
 
+
 class ChildCounter(Counter):
     """``inc`` without the checks only a parent or an exemplar needs: ``Family.get`` hands
     out children, and a call increments about five of them."""

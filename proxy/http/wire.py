@@ -310,9 +310,7 @@ class Connection(asyncio.Protocol):
                     f"the provider's response is larger than {self._max_bytes} bytes"))
                 return
         self._chunks.append(body)
-        waiter = self._waiter  # _wake, inline: a stream's chunks come several to a read
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     def on_message_complete(self) -> None:
         if not self._head:
