@@ -9,8 +9,41 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_writer import StreamWriter
+from aiohttp.test_utils import make_mocked_request
 
 from proxy.http.sim_answers import ANSWERS
+
+
+class Sink(asyncio.Transport):
+    """A transport that keeps what is written to it; closing once told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = bytearray()
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.data += data
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.data += chunk
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def written_by_aiohttp(keep_alive: bool) -> tuple[web.Request, Sink]:
+    """A request as aiohttp's server makes it, whose answer's bytes land in the Sink."""
+    loop = asyncio.get_running_loop()
+    protocol = BaseProtocol(loop)
+    sink = Sink()
+    protocol.transport = sink
+    request = make_mocked_request("POST", "/v1/chat/completions", closing=not keep_alive,
+                                  writer=StreamWriter(protocol, loop))
+    return request, sink
 
 
 def completion(model: str, text: str = "Hello there!") -> dict[str, Any]:

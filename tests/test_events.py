@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import cast
 
 import pytest
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.client_exceptions import ClientConnectionResetError
-from aiohttp.http_writer import StreamWriter
 from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,22 +18,7 @@ from proxy.http.events import EventStream, LaneEvents, event_stream
 from proxy.http.front import FastRequest, FrontProtocol
 from proxy.http.head import Head
 
-
-class Sink(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.data = bytearray()
-        self.closing = False
-
-    def write(self, data: Any) -> None:
-        self.data += data
-
-    def writelines(self, chunks: Any) -> None:
-        for chunk in chunks:
-            self.data += chunk
-
-    def is_closing(self) -> bool:
-        return self.closing
+from .fakes import Sink, written_by_aiohttp
 
 
 class Protocol(BaseProtocol):
@@ -90,11 +74,7 @@ async def test_the_lane_writes_the_bytes_aiohttp_writes(
         theirs.set_cookie("a", "b")
     await run(ours, lane, writes, status)
 
-    loop = asyncio.get_running_loop()
-    protocol = BaseProtocol(loop)
-    sink = protocol.transport = Sink()
-    mocked = make_mocked_request("POST", "/v1/chat/completions", closing=not keep_alive,
-                                 writer=StreamWriter(protocol, loop))
+    mocked, sink = written_by_aiohttp(keep_alive)
     await run(theirs, mocked, writes, status)
     date = [line for line in bytes(sink.data).split(b"\r\n") if line.startswith(b"Date:")]
     written = bytes(lane_sink.data)

@@ -18,8 +18,7 @@ from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
-from aiohttp.http_writer import StreamWriter
-from aiohttp.test_utils import TestServer, make_mocked_request
+from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +29,7 @@ from proxy.http.front import FrontRunner, FrontServer
 from proxy.http.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 
 from .conftest import config_from
-from .fakes import FakeUpstream
+from .fakes import FakeUpstream, written_by_aiohttp
 
 Factory = Callable[..., Awaitable[Any]]
 ROUTES = forward.ROUTES
@@ -503,28 +502,8 @@ async def test_lane_connections_have_tcp_keepalive_like_aiohttps(
 
 # --- plain answers, written as aiohttp writes them --------------------------------------------
 
-class _Sink(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.data = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.data += data
-
-    def writelines(self, chunks: Any) -> None:
-        for chunk in chunks:
-            self.data += chunk
-
-    def is_closing(self) -> bool:
-        return False
-
-
 async def _aiohttp_writes(response: web.StreamResponse, keep_alive: bool) -> bytes:
-    loop = asyncio.get_running_loop()
-    protocol = BaseProtocol(loop)
-    sink = protocol.transport = _Sink()
-    request = make_mocked_request("POST", "/v1/chat/completions", closing=not keep_alive,
-                                  writer=StreamWriter(protocol, loop))
+    request, sink = written_by_aiohttp(keep_alive)
     await response.prepare(request)
     await response.write_eof()
     return bytes(sink.data)

@@ -10,6 +10,14 @@ import pytest
 from proxy.http.watchdog import ClientGone, Watchdog
 
 
+async def waits_until_ended(cleaned: list[bool]) -> None:
+    """A write that waits until it is ended from outside; notes that it cleaned up."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        cleaned.append(True)
+
+
 async def test_a_write_that_does_not_wait_arms_no_timer() -> None:
     done: list[bool] = []
 
@@ -43,16 +51,10 @@ async def test_a_write_that_waits_runs_to_its_end_with_what_it_awaited() -> None
 async def test_a_write_waiting_past_the_timeout_ends_with_client_gone() -> None:
     cleaned: list[bool] = []
 
-    async def step() -> None:
-        try:
-            await asyncio.sleep(10)
-        finally:
-            cleaned.append(True)
-
     async def relay() -> None:
         watchdog = Watchdog(0.05)
         try:
-            await watchdog.send(step())
+            await watchdog.send(waits_until_ended(cleaned))
         finally:
             watchdog.stop()
 
@@ -79,15 +81,8 @@ async def test_a_reset_before_or_after_waiting_is_client_gone() -> None:
 
 async def test_a_cancellation_from_elsewhere_reaches_the_write_and_is_not_client_gone() -> None:
     cleaned: list[bool] = []
-
-    async def step() -> None:
-        try:
-            await asyncio.sleep(10)
-        finally:
-            cleaned.append(True)
-
     watchdog = Watchdog(5.0)
-    task = asyncio.ensure_future(watchdog.send(step()))
+    task = asyncio.ensure_future(watchdog.send(waits_until_ended(cleaned)))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -117,17 +112,9 @@ async def test_what_the_task_throws_into_a_waiting_write_reaches_the_write() -> 
 
 
 async def test_closing_a_waiting_write_closes_the_step() -> None:
-    loop = asyncio.get_running_loop()
     cleaned: list[bool] = []
-
-    async def step() -> None:
-        try:
-            await loop.create_future()
-        finally:
-            cleaned.append(True)
-
     watchdog = Watchdog(5.0)
-    outer = watchdog.send(step())
+    outer = watchdog.send(waits_until_ended(cleaned))
     outer.send(None)
     outer.close()
     assert cleaned == [True]
