@@ -14,12 +14,11 @@ from typing import cast
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.client_exceptions import ClientConnectionResetError
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_writer import _serialize_headers
 
 from .edge import Incoming
 from .front import FastRequest
+from .head import writer_defaults
 
 _END = b"0\r\n\r\n"
 
@@ -49,17 +48,12 @@ class LaneEvents(EventStream):
             return await super().prepare(request)  # what the relay never sends: aiohttp's
         lane = cast(FastRequest, request)
         # What aiohttp's _prepare_headers does for a POST answered with a body of unknown
-        # length over HTTP/1.1, in its order.
+        # length over HTTP/1.1.
         if self._keep_alive is None:
             self._keep_alive = lane.keep_alive
         headers = self._headers
         headers["Transfer-Encoding"] = "chunked"
-        headers.setdefault("Content-Type", "application/octet-stream")
-        if "Date" not in headers:
-            headers["Date"] = rfc822_formatted_time()
-        headers.setdefault("Server", SERVER_SOFTWARE)
-        if "Connection" not in headers and not self._keep_alive:
-            headers["Connection"] = "close"
+        headers.extend(writer_defaults(headers, self._keep_alive, has_body=True))
         self._head = _serialize_headers(f"HTTP/1.1 {self._status} {self._reason}", headers)
         self._lane = lane
         return None

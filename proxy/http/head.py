@@ -133,17 +133,10 @@ def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes,
     headers = response.headers
     if "content-length" in headers:
         return None  # aiohttp's writer holds the body to it
-    # What aiohttp's writer adds, in its order, to the answer's own headers (as it does);
-    # then aiohttp's own serializer, which refuses what aiohttp would refuse.
-    added = {"Content-Length": str(len(body))}
-    if body and "content-type" not in headers:
-        added["Content-Type"] = "application/octet-stream"
-    if "date" not in headers:
-        added["Date"] = rfc822_formatted_time()
-    if "server" not in headers:
-        added["Server"] = SERVER_SOFTWARE
-    if not keep_alive and "connection" not in headers:
-        added["Connection"] = "close"
+    # Added to the answer's own headers, as aiohttp's writer does; then aiohttp's own
+    # serializer, which refuses what aiohttp would refuse.
+    added = {"Content-Length": str(len(body)),
+             **writer_defaults(headers, keep_alive, has_body=bool(body))}
     headers.extend(added)
     try:
         head: bytes = _serialize_headers(f"HTTP/1.1 {status} {response.reason}", headers)
@@ -152,3 +145,19 @@ def whole_answer(response: web.StreamResponse, keep_alive: bool) -> tuple[bytes,
             del headers[name]
         return None
     return head, body
+
+
+def writer_defaults(headers: Mapping[str, str], keep_alive: bool,
+                    has_body: bool) -> dict[str, str]:
+    """The headers aiohttp's response adds to an HTTP/1.1 answer that lacks them, in its
+    order (after Content-Length or Transfer-Encoding)."""
+    added = {}
+    if has_body and "content-type" not in headers:
+        added["Content-Type"] = "application/octet-stream"
+    if "date" not in headers:
+        added["Date"] = rfc822_formatted_time()
+    if "server" not in headers:
+        added["Server"] = SERVER_SOFTWARE
+    if not keep_alive and "connection" not in headers:
+        added["Connection"] = "close"
+    return added
