@@ -35,7 +35,7 @@ class Sink(asyncio.Transport):
         return self.closing
 
 
-def written_by_aiohttp(keep_alive: bool) -> tuple[web.Request, Sink]:
+def aiohttp_request(keep_alive: bool) -> tuple[web.Request, Sink]:
     """A request as aiohttp's server makes it, whose answer's bytes land in the Sink."""
     loop = asyncio.get_running_loop()
     protocol = BaseProtocol(loop)

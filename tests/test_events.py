@@ -18,7 +18,7 @@ from proxy.http.events import EventStream, LaneEvents, event_stream
 from proxy.http.front import FastRequest, FrontProtocol
 from proxy.http.head import Head
 
-from .fakes import Sink, written_by_aiohttp
+from .fakes import Sink, aiohttp_request
 
 
 class Protocol(BaseProtocol):
@@ -74,7 +74,7 @@ async def test_the_lane_writes_the_bytes_aiohttp_writes(
         theirs.set_cookie("a", "b")
     await run(ours, lane, writes, status)
 
-    mocked, sink = written_by_aiohttp(keep_alive)
+    mocked, sink = aiohttp_request(keep_alive)
     await run(theirs, mocked, writes, status)
     date = [line for line in bytes(sink.data).split(b"\r\n") if line.startswith(b"Date:")]
     written = bytes(lane_sink.data)

@@ -29,7 +29,7 @@ from proxy.http.front import FrontRunner, FrontServer
 from proxy.http.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 
 from .conftest import config_from
-from .fakes import FakeUpstream, written_by_aiohttp
+from .fakes import FakeUpstream, aiohttp_request
 
 Factory = Callable[..., Awaitable[Any]]
 ROUTES = forward.ROUTES
@@ -503,7 +503,7 @@ async def test_lane_connections_have_tcp_keepalive_like_aiohttps(
 # --- plain answers, written as aiohttp writes them --------------------------------------------
 
 async def _aiohttp_writes(response: web.StreamResponse, keep_alive: bool) -> bytes:
-    request, sink = written_by_aiohttp(keep_alive)
+    request, sink = aiohttp_request(keep_alive)
     await response.prepare(request)
     await response.write_eof()
     return bytes(sink.data)
