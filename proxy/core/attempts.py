@@ -280,7 +280,7 @@ class Attempts:
         ids = tuple(d.id for d in candidates)
         if self.ticket is None:
             self.ticket = Ticket(plan.tier, ids, estimate, size_s=size, ceiling=plan.ceiling,
-                                 payload=self, max_wait_s=plan.deadline - now)
+                                 max_wait_s=plan.deadline - now)
         else:
             self.ticket.candidates = ids
             self.ticket.est_service_s = estimate

@@ -1,0 +1,139 @@
+"""A finished call leaves no cyclic garbage behind.
+
+``serve`` collects the young generation only every 10,000 net allocations (see
+``server.py``). A call whose objects form a reference cycle outlives its reference count
+and piles up until a collection, which then scans all of it with the event loop stopped:
+at 2,500 calls/s, one Ticket ↔ Attempts cycle (7 objects a call) cost a 5-10 ms pause
+every half second, and it showed as +2.3 to +4.9 ms of p99 at 4 connections. Freed by
+reference counting, a call triggers no collection at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.core.tokens import TokenCounter
+
+from .conftest import config_from
+from .fakes import FakeUpstream
+from .test_forward import CHAT, provider, start
+
+Factory = Callable[..., Awaitable[Any]]
+Client = TestClient[web.Request, web.Application]
+CALLS = 20
+
+
+def proxys_own(garbage: list[object]) -> Counter[str]:
+    """The garbage objects whose class the proxy defines, by class name."""
+    return Counter(type(o).__qualname__ for o in garbage
+                   if type(o).__module__.startswith("proxy."))
+
+
+@pytest.fixture
+def saved_garbage() -> AsyncIterator[list[object]]:
+    """``gc.garbage``, filled with every unreachable object until the test ends."""
+    gc.collect()
+    gc.garbage.clear()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield gc.garbage
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+async def json_call(client: Client) -> None:
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+
+
+async def stream_call(client: Client) -> None:
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert resp.status == 200
+    assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def failed_over_call(client: Client) -> None:
+    """The first provider answers 500; the second serves the call."""
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 200 and resp.headers["x-proxy-upstream"] == "p1/up-p1"
+    await resp.read()
+
+
+async def passed_through_400(client: Client) -> None:
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 400
+    await resp.read()
+
+
+async def requeued_after_429(client: Client) -> None:
+    """The provider throttles the call once; it waits out the pause and is sent again."""
+    await json_call(client)
+
+
+async def two_at_once(client: Client) -> None:
+    """With one slot, the second call waits in the queue for the first one's."""
+    await asyncio.gather(json_call(client), stream_call(client))
+
+
+async def bad_body(client: Client) -> None:
+    resp = await client.post("/v1/chat/completions", data=b'{"model": "m", "messages": [')
+    assert resp.status == 400
+    await resp.read()
+
+
+async def unknown_model(client: Client) -> None:
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+    assert resp.status == 404
+    await resp.read()
+
+
+def fakes(*modes: str) -> Callable[[], list[FakeUpstream]]:
+    return lambda: [FakeUpstream(default=mode) for mode in modes]
+
+
+def throttles_every_other_call() -> list[FakeUpstream]:
+    return [FakeUpstream(script=deque(["429", "ok"] * (CALLS + 1)), retry_after_ms="1")]
+
+
+CASES: dict[str, tuple[Callable[[Client], Awaitable[None]],
+                       Callable[[], list[FakeUpstream]], int]] = {
+    "json": (json_call, fakes("ok"), 4),
+    "stream": (stream_call, fakes("ok"), 4),
+    "failed over after a 500": (failed_over_call, fakes("500", "ok"), 4),
+    "re-queued after a 429": (requeued_after_429, throttles_every_other_call, 4),
+    "waited for the one slot": (two_at_once, fakes("ok"), 1),
+    "upstream 400 passed through": (passed_through_400, fakes("400"), 4),
+    "malformed body": (bad_body, fakes("ok"), 4),
+    "unknown model": (unknown_model, fakes("ok"), 4),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_a_finished_call_is_freed_by_reference_counting(
+    aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
+    saved_garbage: list[object], name: str,
+) -> None:
+    call, make_fakes, slots = CASES[name]
+    servers = [await aiohttp_server(fake.app()) for fake in make_fakes()]
+    providers = [provider(f"p{i}", str(s.make_url("/v1")), max_concurrency=slots)
+                 for i, s in enumerate(servers)]
+    models = {"m": [{"provider": p["name"], "model": f"up-{p['name']}"} for p in providers]}
+    client = await start(aiohttp_server, aiohttp_client, counter,
+                         config=config_from(providers, models))
+    await call(client)  # the first call builds what every later call reuses
+    gc.collect()
+    saved_garbage.clear()
+    for _ in range(CALLS):
+        await call(client)
+    gc.collect()
+    assert proxys_own(saved_garbage) == Counter()
