@@ -171,6 +171,23 @@ def test_deadlines_per_tier_are_exact() -> None:
     assert k.drain(100.0) == []
 
 
+@pytest.mark.parametrize(("asked", "deadline"), [
+    (None, 15.0),  # the tier's 10 s
+    (4.0, 9.0),  # a caller may allow less
+    (25.0, 15.0),  # ... never more
+    (0.0, 5.0),
+    (-3.0, 5.0),  # nonsense is no wait at all, not a deadline in the past
+    (math.nan, 15.0),  # nor a deadline that never comes
+    (math.inf, 15.0),
+])
+def test_a_callers_own_wait_shortens_the_tiers(asked: float | None, deadline: float) -> None:
+    k = Kit(tiers=(TierSpec("a", max_wait_s=10),))
+    k.occupy()
+    t = Ticket(0, ("p",), 1.0, max_wait_s=asked)
+    k.submit(t, 5.0)
+    assert t.deadline == deadline
+
+
 def test_a_requeued_call_keeps_its_arrival_deadline_and_place() -> None:
     """A call whose slot came back (a 429, a re-try) goes back ahead of later arrivals,
     and its original deadline holds exactly, though it sits behind calls that arrived

@@ -34,11 +34,11 @@ from .errors import (
     UpstreamAuthError,
     UpstreamUnavailable,
 )
-from .fleet import Start, Verdict
+from .fleet import ABANDONED, AUTH, DOWN, GO, RATE_LIMITED, SUCCESS, THROTTLED, Verdict
 from .plan import Plan
 from .retry import backoff_s
 from .route import Deployment, degrade, rank
-from .scheduler import Ticket, TicketState
+from .scheduler_types import DISPATCHED, QUEUED, Ticket
 from .value import value
 
 _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
@@ -151,16 +151,16 @@ class Attempts:
         deployment = self.candidate(deployment_id)
         retry = deployment.provider in self._failed_providers
         start = self.engine.fleet.begin(deployment, retry, self.tokens(deployment), now)
-        if start is Start.GO:
+        if start is GO:
             self.deployment = deployment
             self._started = now
             self.attempts += 1
             self._sent = True
             return Send(deployment)
         self.engine.scheduler.give_back(ticket, now)
-        if start is Start.RATE_LIMITED:  # its provider is paused now; wait in place
+        if start is RATE_LIMITED:  # its provider is paused now; wait in place
             return Queue(ticket)
-        if start is Start.DOWN:
+        if start is DOWN:
             return self._route(now)
         return self._give_up(now)
 
@@ -182,28 +182,28 @@ class Attempts:
         verdict = result.verdict
         usage = self.engine.usage(self.plan, deployment, result.prompt_tokens,
                                   result.completion_tokens)
-        succeeded = verdict is Verdict.SUCCESS
+        succeeded = verdict is SUCCESS
         # Tokens the call may have used: what it reported, what it was estimated at once
         # output may have flowed (a stream cut or left), nothing for a refusal.
         spent = self.tokens(deployment)
         used = (usage.total if succeeded
-                else spent if result.committed or verdict is Verdict.ABANDONED else None)
+                else spent if result.committed or verdict is ABANDONED else None)
         self.used = used
         self.engine.fleet.end(deployment, verdict, now, self._started, spent, used,
                               result.retry_after_s)
         self.engine.scheduler.release(ticket, now, now - self._started)
-        if succeeded or result.committed or verdict is Verdict.ABANDONED:
+        if succeeded or result.committed or verdict is ABANDONED:
             if succeeded:
                 self.usage = usage
                 self.engine.learn(self.plan, deployment, usage, result.ttft_s,
                                   now - self._started)
             self._settle_key(usage.total if succeeded else self.plan.tokens, now)
             return Done()
-        if verdict is Verdict.THROTTLED:
+        if verdict is THROTTLED:
             self.attempts -= 1  # throttling spends no attempt: the deadline bounds it
             return Queue(ticket)  # its deployment is paused; it goes again when that ends
         self.last = result
-        if verdict is Verdict.AUTH:
+        if verdict is AUTH:
             self._excluded |= {deployment.id}
         else:
             self._failed |= {deployment.id}
@@ -222,11 +222,11 @@ class Attempts:
         """The driver stops (the client left, or an error escaped): give back whatever the
         call still holds. Safe to call at any time, more than once."""
         ticket = self.ticket
-        if ticket is not None and ticket.state is TicketState.QUEUED:
+        if ticket is not None and ticket.state is QUEUED:
             self.engine.scheduler.cancel(ticket, now)
         if self.deployment is not None:
-            self.finished(Result(Verdict.ABANDONED), now)
-        elif ticket is not None and ticket.state is TicketState.DISPATCHED:
+            self.finished(Result(ABANDONED), now)
+        elif ticket is not None and ticket.state is DISPATCHED:
             self.engine.scheduler.give_back(ticket, now)
         self._settle_key(self.plan.tokens if self._sent else None, now)
 
@@ -291,7 +291,7 @@ class Attempts:
         last = self.last
         if last is None:
             return Fail(self._unavailable(now))
-        if last.verdict is Verdict.AUTH:
+        if last.verdict is AUTH:
             return Fail(UpstreamAuthError(
                 "Every provider for this model refused the proxy's credentials."))
         if last.status is not None:
@@ -320,7 +320,7 @@ class Attempts:
 
     def tokens(self, deployment: Deployment) -> int:
         """What a call through ``deployment`` is charged to its rpm/tpm before it answers."""
-        output = min(self.plan.output_tokens, deployment.max_output_tokens)
+        output = deployment.output_cap(self.plan.output_tokens)
         return self.plan.prompt_tokens + output * self.plan.call.choices
 
     def _ticket(self) -> Ticket:

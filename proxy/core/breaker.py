@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from .limits import RollingCounts
 
@@ -28,6 +29,12 @@ class State(enum.Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+# The members under plain names, for the hot paths (why: see scheduler_types.py).
+CLOSED: Final = State.CLOSED
+OPEN: Final = State.OPEN
+HALF_OPEN: Final = State.HALF_OPEN
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class Breaker:
         self.settings = settings
         self._rng = rng
         self._on_transition = on_transition
-        self._state = State.CLOSED
+        self._state = CLOSED
         self._window = RollingCounts(settings.window_s)
         self._consecutive = 0
         self._open_until = -math.inf
@@ -88,11 +95,11 @@ class Breaker:
         self.settings = settings
 
     def state(self, now: float) -> State:
-        if self._state is State.OPEN and now >= self._open_until:
+        if self._state is OPEN and now >= self._open_until:
             self._probes_left = self.settings.half_open_probes
             self._probes_out = 0
             self._probe_successes = 0
-            self._move(State.HALF_OPEN, self._open_until)
+            self._move(HALF_OPEN, self._open_until)
         return self._state
 
     @property
@@ -102,17 +109,17 @@ class Breaker:
 
     def down(self, now: float) -> bool:
         """Open: no call may start (half-open lets probes through)."""
-        return self.state(now) is State.OPEN
+        return self.state(now) is OPEN
 
     def available(self, now: float) -> bool:
         """A call may start now: closed, or half-open with a probe left."""
         state = self.state(now)
-        return state is State.CLOSED or (state is State.HALF_OPEN and self._probes_left > 0)
+        return state is CLOSED or (state is HALF_OPEN and self._probes_left > 0)
 
     def acquire(self, now: float) -> bool:
         if not self.available(now):
             return False
-        if self._state is State.HALF_OPEN:
+        if self._state is HALF_OPEN:
             self._probes_left -= 1
             self._probes_out += 1
         return True
@@ -120,22 +127,22 @@ class Breaker:
     def trip(self, until: float, now: float) -> None:
         """Open until ``until`` because another replica opened it (its cooldown, not a
         new one of this breaker's own); nothing if it is open already."""
-        if until <= now or self.state(now) is State.OPEN:
+        if until <= now or self.state(now) is OPEN:
             return
         self._open_until = until
         self.opened_count += 1
         self._probes_left = 0
         self._probes_out = 0
-        self._move(State.OPEN, now)
+        self._move(OPEN, now)
 
     def on_success(self, now: float, started: float | None = None) -> None:
         state = self.state(now)
         if self._stale(started):
             return
-        if state is State.CLOSED:
+        if state is CLOSED:
             self._consecutive = 0
             self._window.add("calls", now)
-        elif state is State.HALF_OPEN and self._probes_out > 0:
+        elif state is HALF_OPEN and self._probes_out > 0:
             self._probes_out -= 1
             self._probe_successes += 1
             if self._probe_successes >= self.settings.half_open_probes:
@@ -145,13 +152,13 @@ class Breaker:
         state = self.state(now)
         if self._stale(started):
             return
-        if state is State.CLOSED:
+        if state is CLOSED:
             self._consecutive += 1
             self._window.add("calls", now)
             self._window.add("failures", now)
             if self._should_open(now):
                 self._open(now)
-        elif state is State.HALF_OPEN and self._probes_out > 0:
+        elif state is HALF_OPEN and self._probes_out > 0:
             self._open(now)
 
     def on_throttle(self, now: float, started: float | None = None) -> None:
@@ -160,7 +167,7 @@ class Breaker:
 
     def on_abandon(self, now: float, started: float | None = None) -> None:
         state = self.state(now)
-        if state is State.HALF_OPEN and self._probes_out > 0 and not self._stale(started):
+        if state is HALF_OPEN and self._probes_out > 0 and not self._stale(started):
             self._probes_out -= 1
             self._probes_left += 1
 
@@ -169,7 +176,7 @@ class Breaker:
         out, there is no schedule; one base cooldown is the estimate."""
         if self.available(now):
             return now
-        if self._state is State.OPEN:
+        if self._state is OPEN:
             return self._open_until
         return now + self.settings.cooldown_s
 
@@ -196,7 +203,7 @@ class Breaker:
 
     def _open(self, now: float) -> None:
         settings = self.settings
-        if now - self._closed_at >= settings.cooldown_max_s and self._state is State.CLOSED:
+        if now - self._closed_at >= settings.cooldown_max_s and self._state is CLOSED:
             self._streak = 0
         base = min(settings.cooldown_max_s, settings.cooldown_s * 2.0 ** min(self._streak, 60))
         jittered = base * (1.0 + self._rng.uniform(-settings.jitter, settings.jitter))
@@ -205,13 +212,13 @@ class Breaker:
         self.opened_count += 1
         self._probes_left = 0
         self._probes_out = 0
-        self._move(State.OPEN, now)
+        self._move(OPEN, now)
 
     def _close(self, now: float) -> None:
         self._consecutive = 0
         self._window.clear()
         self._closed_at = now
-        self._move(State.CLOSED, now)
+        self._move(CLOSED, now)
 
     def _stale(self, started: float | None) -> bool:
         return started is not None and started < self._since

@@ -51,7 +51,8 @@ class Pool:
         if now < self.paused_until:
             return 0
         self._grow(now)
-        return max(0, self.limit - self.inflight)
+        free = self.limit - self.inflight
+        return free if free > 0 else 0
 
     def cut(self, now: float, bore: int) -> None:
         """A 429 while ``bore`` other calls were running: that is about what the provider

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from cachetools import LRUCache
 
-from .classify import ClassifySettings, Principal, RequestFacts, classify
+from .classify import ClassifySettings, Principal, RequestFacts, clamp_tier, classify
 from .errors import ModelNotFound
 from .estimate import EstimateSettings, LatencyModel, OutputEstimator
 from .fleet import Fleet, TransitionHook
@@ -131,8 +131,8 @@ class Engine:
         cap = self._output_caps[call.model]
         return Plan(
             call=call, route=route, tier=tier, tier_name=self.tier_names[tier],
-            ceiling=min(max(principal.max_tier, 0), tier),
-            prompt_tokens=facts.prompt_tokens, output_tokens=min(output, cap),
+            ceiling=clamp_tier(principal.max_tier, tier),
+            prompt_tokens=facts.prompt_tokens, output_tokens=cap if cap < output else output,
             caller=principal.name, arrived=now,
             deadline=now + self.settings.tiers[tier].max_wait_s,
         )
@@ -154,7 +154,7 @@ class Engine:
 
     def service_s(self, plan: Plan, deployment: Deployment) -> tuple[float, float]:
         """(expected service seconds on ``deployment``, the call's stable size in seconds)."""
-        output = min(plan.output_tokens, deployment.max_output_tokens)
+        output = deployment.output_cap(plan.output_tokens)
         return (self.latency.expect_service_s(deployment.id, plan.prompt_tokens, output),
                 self.estimate.size_s(plan.prompt_tokens, output))
 
@@ -178,11 +178,11 @@ class Engine:
                      + PROMPT_PLAUSIBLE_MARGIN)
         asked = plan.call.max_tokens
         choices = plan.call.choices
-        limit = COMPLETION_PLAUSIBLE_MAX if asked is None else min(asked * choices,
-                                                                   COMPLETION_PLAUSIBLE_MAX)
+        limit = (COMPLETION_PLAUSIBLE_MAX if asked is None
+                 or asked * choices > COMPLETION_PLAUSIBLE_MAX else asked * choices)
         completion_ok = (isinstance(completion, int) and not isinstance(completion, bool)
                          and 0 <= completion <= limit)
-        output = min(plan.output_tokens, deployment.max_output_tokens)
+        output = deployment.output_cap(plan.output_tokens)
         return Usage(
             prompt if prompt_ok else plan.prompt_tokens,  # type: ignore[arg-type]
             completion if completion_ok else output * choices,  # type: ignore[arg-type]

@@ -19,8 +19,9 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
-from .breaker import Breaker, State
+from .breaker import CLOSED, OPEN, Breaker, State
 from .classify import Principal
 from .limits import ProviderLimits
 from .provider import Provider
@@ -53,6 +54,18 @@ class Start(enum.Enum):
     RATE_LIMITED = "rate_limited"  # the provider's rpm/tpm is spent: it is paused, queue again
     DOWN = "down"  # the breaker opened while the call waited: route again
     BUDGET_SPENT = "budget_spent"  # a re-try the provider's retry budget refuses
+
+
+# The members under plain names, for the hot paths (why: see scheduler_types.py).
+SUCCESS: Final = Verdict.SUCCESS
+FAILURE: Final = Verdict.FAILURE
+THROTTLED: Final = Verdict.THROTTLED
+AUTH: Final = Verdict.AUTH
+ABANDONED: Final = Verdict.ABANDONED
+GO: Final = Start.GO
+RATE_LIMITED: Final = Start.RATE_LIMITED
+DOWN: Final = Start.DOWN
+BUDGET_SPENT: Final = Start.BUDGET_SPENT
 
 
 class Fleet:
@@ -139,22 +152,22 @@ class Fleet:
         name = deployment.provider
         breaker = self.breakers[deployment.id]
         if breaker.down(now):
-            return Start.DOWN
+            return DOWN
         limits = self.limits[name]
         wait_s = limits.take(tokens, now)
         if wait_s > 0:
             self._scheduler.pause(name, now + wait_s, now)
-            return Start.RATE_LIMITED
+            return RATE_LIMITED
         budget = self.budgets[name]
         if retry and not budget.try_retry(now):
             limits.refund(tokens, now)
-            return Start.BUDGET_SPENT
+            return BUDGET_SPENT
         if not retry:
             budget.on_call(now)
         # Half-open, the scheduler's gate already admits no more calls than the breaker has
         # probes; acquiring here does the breaker's own probe accounting.
         breaker.acquire(now)
-        return Start.GO
+        return GO
 
     def end(self, deployment: Deployment, verdict: Verdict, now: float, started: float,
             tokens: int, used: int | None, retry_after_s: float | None = None) -> None:
@@ -164,12 +177,12 @@ class Fleet:
         slot next."""
         breaker = self.breakers[deployment.id]
         name = deployment.provider
-        if verdict is Verdict.SUCCESS:
+        if verdict is SUCCESS:
             breaker.on_success(now, started)
             self._throttles.pop(deployment.id, None)
-        elif verdict in (Verdict.FAILURE, Verdict.AUTH):
+        elif verdict in (FAILURE, AUTH):
             breaker.on_failure(now, started)
-        elif verdict is Verdict.THROTTLED:
+        elif verdict is THROTTLED:
             breaker.on_throttle(now, started)
             self._throttle(deployment, now, retry_after_s)
         else:
@@ -205,10 +218,10 @@ class Fleet:
         probes = self._providers[deployment.provider].breaker.half_open_probes
 
         def on_transition(old: State, new: State, at: float) -> None:
-            if new is State.OPEN:
+            if new is OPEN:
                 breaker = self.breakers[deployment.id]
                 self._scheduler.set_down(deployment.id, breaker.open_until, probes, at)
-            elif new is State.CLOSED:
+            elif new is CLOSED:
                 self._scheduler.set_up(deployment.id, at)
             if self._on_transition is not None:
                 self._on_transition(deployment, old, new)

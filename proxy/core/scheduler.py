@@ -22,7 +22,7 @@ when, and ``advance`` applies it.
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -32,6 +32,12 @@ from .headroom import Headroom
 from .policy import HOLD_PATIENCE, Policy
 from .scheduler_queues import TicketQueues
 from .scheduler_types import (
+    CANCELLED,
+    DISPATCHED,
+    NEW,
+    QUEUED,
+    REJECTED,
+    RELEASED,
     Decisions,
     Dispatch,
     Rejection,
@@ -60,7 +66,7 @@ class Scheduler:
             self._capacity.add_gate(deployment, pool)
         self._build(settings)
         self._out = Decisions()
-        self._next_order = 0
+        self._orders = itertools.count()  # arrival order
         self._running: dict[Ticket, None] = {}  # holding a slot
         self._tier_maps = TierMaps()
 
@@ -118,7 +124,7 @@ class Scheduler:
         """Queue a call (again, for one whose slot came back: it keeps its arrival, tier,
         level and deadline); it gets a slot at once if one is free and nothing more
         deserving waits for it."""
-        first = ticket.state is TicketState.NEW
+        first = ticket.state is NEW
         if first:
             ticket.generation = self._tier_maps.generation
         else:
@@ -126,21 +132,11 @@ class Scheduler:
         ticket.validate(len(self._tiers))
         gates, pools = self._capacity.route(ticket.candidates)  # unknown candidates raise
         if first:
-            spec = self._tiers[ticket.tier]
-            ticket.current_tier = ticket.tier
-            ticket.level = bisect.bisect_left(
-                self._settings.level_bounds_s,
-                ticket.est_service_s if ticket.size_s is None else ticket.size_s)
-            ticket.arrived = ticket.entered_level = now
-            max_wait_s = spec.max_wait_s
-            if ticket.max_wait_s is not None:
-                max_wait_s = min(max_wait_s, max(ticket.max_wait_s, 0.0))
-            ticket.deadline = now + max_wait_s
-            ticket.order = self._next_order
-            self._next_order += 1
+            ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
+                          self._tiers[ticket.tier].max_wait_s)
             likely = first_open(gates, now).pool.name
             self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
-        ticket.state = TicketState.QUEUED
+        ticket.state = QUEUED
         ticket.visit += 1
         ticket.queued_at = now
         if ticket.deadline <= now:
@@ -155,7 +151,7 @@ class Scheduler:
         self._queues.add(ticket)
         for pool in pools:
             self._fill(pool, now)
-        if ticket.state is TicketState.QUEUED:
+        if ticket.state is QUEUED:
             self._enforce_bounds(ticket, now)
 
     def _start_at_once(self, ticket: Ticket, gates: tuple[Gate, ...], now: float) -> bool:
@@ -182,14 +178,14 @@ class Scheduler:
 
     def _release(self, ticket: Ticket, now: float, service_s: float | None,
                  used: bool) -> None:
-        if ticket.state is not TicketState.DISPATCHED or ticket.deployment is None:
+        if ticket.state is not DISPATCHED or ticket.deployment is None:
             raise ValueError("release of a ticket that holds no slot")
         gate = self._gates[ticket.deployment]
         pool = gate.pool
         pool.inflight -= 1
         gate.inflight -= 1
         pool.running[ticket.current_tier] -= 1
-        ticket.state = TicketState.RELEASED
+        ticket.state = RELEASED
         del self._running[ticket]
         delta = 0.0
         if not used:
@@ -205,8 +201,8 @@ class Scheduler:
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
-        if ticket.state is TicketState.QUEUED:
-            self._leave(ticket, TicketState.CANCELLED, now)
+        if ticket.state is QUEUED:
+            self._leave(ticket, CANCELLED, now)
 
     def advance(self, now: float) -> None:
         """Apply everything due by ``now``: expiries, promotions, pauses that ended, limits
@@ -346,13 +342,13 @@ class Scheduler:
             if chosen is None:
                 return
             ticket, gate = chosen
-            self._queues.discard(ticket, TicketState.DISPATCHED)
+            self._queues.discard(ticket, DISPATCHED)
             self._dispatch(ticket, gate, now)
 
     def _dispatch(self, ticket: Ticket, gate: Gate, now: float) -> None:
         pool = gate.pool
         tier = ticket.current_tier
-        ticket.state = TicketState.DISPATCHED
+        ticket.state = DISPATCHED
         ticket.dispatched_at = now
         ticket.waited_s += now - ticket.queued_at
         ticket.deployment = gate.id
@@ -373,9 +369,9 @@ class Scheduler:
 
     def _reject(self, ticket: Ticket, code: str, now: float, queued: bool = True) -> None:
         if queued:
-            self._leave(ticket, TicketState.REJECTED, now)
+            self._leave(ticket, REJECTED, now)
         else:
-            ticket.state = TicketState.REJECTED
+            ticket.state = REJECTED
         ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
         self._out.rejections.append(Rejection(
             ticket, code, self._capacity.retry_after(ticket.candidates, ahead_s, now)))

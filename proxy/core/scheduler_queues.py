@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 from .capacity import Gate
-from .scheduler_types import Ticket, TicketState
+from .scheduler_types import QUEUED, Ticket, TicketState
 
 # A queued ticket has at most seven live entries (two in its lane, newest, aging,
 # promotion and two deadlines): rebuild once the entries exceed twice that per live
@@ -52,7 +52,7 @@ class Lane:
         heap = self.heap
         while heap:
             _, epoch, ticket = heap[0]
-            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+            if ticket.epoch == epoch and ticket.state is QUEUED:
                 return ticket
             heapq.heappop(heap)
         return None
@@ -62,7 +62,7 @@ class Lane:
         due = self.due
         while due:
             _, _, epoch, ticket = due[0]
-            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+            if ticket.epoch == epoch and ticket.state is QUEUED:
                 return ticket
             heapq.heappop(due)
         return None
@@ -142,7 +142,7 @@ class TicketQueues:
         while heap and heap[0][0] <= now:
             due, _, epoch, ticket = heapq.heappop(heap)
             self._entries -= 1
-            if ticket.epoch != epoch or ticket.state is not TicketState.QUEUED:
+            if ticket.epoch != epoch or ticket.state is not QUEUED:
                 continue
             self._move(ticket, ticket.current_tier, ticket.level - 1, due)
 
@@ -153,7 +153,7 @@ class TicketQueues:
         while heap and heap[0][0] <= now:
             _, _, visit, ticket = heapq.heappop(heap)
             self._entries -= 1
-            if (ticket.visit != visit or ticket.state is not TicketState.QUEUED
+            if (ticket.visit != visit or ticket.state is not QUEUED
                     or ticket.promoted or ticket.current_tier <= ticket.ceiling):
                 continue
             ticket.promoted = True
@@ -170,7 +170,7 @@ class TicketQueues:
         while heap and heap[0][0] <= now:
             _, _, visit, ticket = heapq.heappop(heap)
             self._entries -= 1
-            if ticket.visit == visit and ticket.state is TicketState.QUEUED:
+            if ticket.visit == visit and ticket.state is QUEUED:
                 out.append(ticket)
         return out
 
@@ -182,7 +182,7 @@ class TicketQueues:
         heap = self._newest[tier]
         while heap:
             _, epoch, ticket = heap[0]
-            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+            if ticket.epoch == epoch and ticket.state is QUEUED:
                 return ticket
             heapq.heappop(heap)
             self._entries -= 1
@@ -193,7 +193,7 @@ class TicketQueues:
         heap = self._due[tier]
         while heap:
             deadline, _, epoch, ticket = heap[0]
-            if ticket.epoch == epoch and ticket.state is TicketState.QUEUED:
+            if ticket.epoch == epoch and ticket.state is QUEUED:
                 return deadline
             heapq.heappop(heap)
             self._entries -= 1
@@ -211,7 +211,7 @@ class TicketQueues:
     def _peek(self, heap: list[Entry], promotion: bool = False) -> float:
         while heap:
             _, _, visit, ticket = heap[0]
-            if ticket.visit == visit and ticket.state is TicketState.QUEUED and not (
+            if ticket.visit == visit and ticket.state is QUEUED and not (
                     promotion and (ticket.promoted or ticket.current_tier <= ticket.ceiling)):
                 return heap[0][0]
             heapq.heappop(heap)
@@ -280,17 +280,17 @@ class TicketQueues:
         """Rebuild every heap from the live tickets."""
         for lane in self._lanes.values():
             lane.heap = [(t.order, e, t) for _, e, t in lane.heap
-                         if t.epoch == e and t.state is TicketState.QUEUED]
+                         if t.epoch == e and t.state is QUEUED]
             heapq.heapify(lane.heap)
             lane.due = [entry for entry in lane.due
-                        if entry[3].epoch == entry[2] and entry[3].state is TicketState.QUEUED]
+                        if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
             heapq.heapify(lane.due)
         self._newest = [[(-t.order, t.epoch, t) for t in self._live if t.current_tier == tier]
                         for tier in range(self._tiers)]
         for heap in self._newest:
             heapq.heapify(heap)
         self._aging = [e for e in self._aging
-                       if e[3].epoch == e[2] and e[3].state is TicketState.QUEUED]
+                       if e[3].epoch == e[2] and e[3].state is QUEUED]
         heapq.heapify(self._aging)
         self._due = [[(t.deadline, t.order, t.epoch, t) for t in self._live
                       if t.current_tier == tier] for tier in range(self._tiers)]
@@ -298,7 +298,7 @@ class TicketQueues:
             heapq.heapify(due)
         for name in ("_promotions", "_deadlines"):
             kept = [e for e in getattr(self, name)
-                    if e[3].visit == e[2] and e[3].state is TicketState.QUEUED]
+                    if e[3].visit == e[2] and e[3].state is QUEUED]
             heapq.heapify(kept)
             setattr(self, name, kept)
         self._entries = (sum(len(lane.heap) + len(lane.due) for lane in self._lanes.values())

@@ -29,7 +29,7 @@ from ..core.attempts import (
 )
 from ..core.classify import RequestFacts, upstream_service_tier
 from ..core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
-from ..core.fleet import Verdict
+from ..core.fleet import ABANDONED, AUTH, FAILURE, SUCCESS, THROTTLED
 from ..core.plan import Plan
 from ..core.request import Call, Kind
 from ..core.retry import parse_retry_after
@@ -247,7 +247,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 exchange.lease = None
                 record.upstream_s, record.ttft_s = now - sent, result.ttft_s
                 labels = (deployment.provider, deployment.id, exchange.plan.call.model)
-                if result.verdict is not Verdict.ABANDONED:
+                if result.verdict is not ABANDONED:
                     service.metrics.upstream_latency.get(*labels).observe(now - sent)
                 if result.ttft_s is not None:
                     service.metrics.ttft.get(*labels).observe(result.ttft_s)
@@ -303,7 +303,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         response = await service.upstreams[deployment.provider].send(
             upstream_request, provider.timeouts)
     except UpstreamError as exc:
-        return Result(Verdict.FAILURE, error=exc)
+        return Result(FAILURE, error=exc)
     try:
         headers = response.headers
         if "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers:
@@ -326,12 +326,12 @@ async def _send(service: Service, exchange: Exchange, path: str,
             if key is not None and status == 200:
                 service.cache.put(call.model, key, Entry(data, deployment.id, _count(prompt),
                                                          _count(completion)))
-            return Result(Verdict.SUCCESS, status=status, prompt_tokens=prompt,
+            return Result(SUCCESS, status=status, prompt_tokens=prompt,
                           completion_tokens=completion)
         chunks = response.chunks()
         first = await anext(chunks, b"")
         if not first:
-            return Result(Verdict.FAILURE,
+            return Result(FAILURE,
                           error=UpstreamError("upstream stream ended before any data"))
         ttft = service.clock.now() - started
         exchange.answer, result = await relay(service, request, headers, deployment, response,
@@ -339,7 +339,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
                                               keep_bytes=MAX_ENTRY_BYTES if key else 0)
         _remember(service, call, result.response_id, deployment)
         whole = (assemble(call.kind, result.kept)
-                 if result.kept and result.verdict is Verdict.SUCCESS else None)
+                 if result.kept and result.verdict is SUCCESS else None)
         if key is not None and whole is not None:
             service.cache.put(call.model, key, Entry(
                 whole, deployment.id, _count(result.prompt_tokens),
@@ -348,7 +348,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
                       prompt_tokens=result.prompt_tokens,
                       completion_tokens=result.completion_tokens, ttft_s=ttft)
     except UpstreamError as exc:
-        return Result(Verdict.FAILURE, error=exc)
+        return Result(FAILURE, error=exc)
     finally:
         response.close()
 
@@ -362,14 +362,14 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
     status = response.status
     retry_after = parse_retry_after(response.headers, service.clock.wall())
     if status in (401, 403):
-        return Result(Verdict.AUTH, status=status)
+        return Result(AUTH, status=status)
     if status == 429:
-        return Result(Verdict.THROTTLED, status=status, retry_after_s=retry_after)
+        return Result(THROTTLED, status=status, retry_after_s=retry_after)
     headers = upstream_headers(response.headers, error=True)
     headers["x-proxy-upstream"] = deployment.id
     headers["x-proxy-tier"] = _tier(service, exchange)[1]
     exchange.failure = web.Response(body=body, status=status, headers=headers)
-    return Result(Verdict.FAILURE, status=status, retry_after_s=retry_after)
+    return Result(FAILURE, status=status, retry_after_s=retry_after)
 
 
 def _answer_facts(data: bytes) -> tuple[object, object, str | None]:

@@ -95,7 +95,8 @@ class HttpUpstream:
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
         budget = timeouts.first_byte_s if request.stream else timeouts.response_s
         deadline = asyncio.get_running_loop().time() + budget
-        conn = await self._origin.connection(min(timeouts.connect_s, budget))
+        connect_s = timeouts.connect_s
+        conn = await self._origin.connection(budget if budget < connect_s else connect_s)
         try:
             await conn.call(self._head(request), request.body, stream=request.stream,
                             deadline=deadline, budget_s=budget, idle_s=timeouts.idle_s,
