@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -53,7 +54,7 @@ class Limits:
     max_json_depth: int = 64
     max_json_containers: int = 100_000
 
-    @property
+    @functools.cached_property  # read by every call
     def body(self) -> BodyLimits:
         return BodyLimits(self.max_json_depth, self.max_json_containers, self.exact_token_chars)
 
