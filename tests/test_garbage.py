@@ -14,13 +14,15 @@ import asyncio
 import gc
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.tokens import TokenCounter
+from proxy.http.state import LIFECYCLE
 
 from .conftest import config_from
 from .fakes import FakeUpstream
@@ -97,24 +99,75 @@ async def unknown_model(client: Client) -> None:
     await resp.read()
 
 
-def fakes(*modes: str) -> Callable[[], list[FakeUpstream]]:
-    return lambda: [FakeUpstream(default=mode) for mode in modes]
+async def cache_hit(client: Client) -> None:
+    """After the first call (a miss), every one is answered from the cache."""
+    for stream in (False, True):
+        resp = await client.post("/v1/chat/completions",
+                                 json={**CHAT, "temperature": 0, "stream": stream})
+        assert resp.status == 200
+        await resp.read()
+
+
+async def embeddings(client: Client) -> None:
+    resp = await client.post("/v1/embeddings", json={"model": "m", "input": "hi"})
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+
+
+async def responses(client: Client) -> None:
+    for stream in (False, True):
+        resp = await client.post("/v1/responses",
+                                 json={"model": "m", "input": "hi", "stream": stream})
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+
+async def client_gone_mid_stream(client: Client) -> None:
+    async with ClientSession() as session, session.post(
+            client.make_url("/v1/chat/completions"), json={**CHAT, "stream": True}) as resp:
+        assert resp.status == 200
+        await resp.content.readany()
+    async with asyncio.timeout(2):
+        while client.app[LIFECYCLE].in_progress:
+            await asyncio.sleep(0.01)
+
+
+def fakes(*modes: str, **settings: Any) -> Callable[[], list[FakeUpstream]]:
+    return lambda: [FakeUpstream(default=mode, **settings) for mode in modes]
+
+
+ONE_FAKE = fakes("ok")
 
 
 def throttles_every_other_call() -> list[FakeUpstream]:
     return [FakeUpstream(script=deque(["429", "ok"] * (CALLS + 1)), retry_after_ms="1")]
 
 
-CASES: dict[str, tuple[Callable[[Client], Awaitable[None]],
-                       Callable[[], list[FakeUpstream]], int]] = {
-    "json": (json_call, fakes("ok"), 4),
-    "stream": (stream_call, fakes("ok"), 4),
-    "failed over after a 500": (failed_over_call, fakes("500", "ok"), 4),
-    "re-queued after a 429": (requeued_after_429, throttles_every_other_call, 4),
-    "waited for the one slot": (two_at_once, fakes("ok"), 1),
-    "upstream 400 passed through": (passed_through_400, fakes("400"), 4),
-    "malformed body": (bad_body, fakes("ok"), 4),
-    "unknown model": (unknown_model, fakes("ok"), 4),
+@dataclass
+class Case:
+    call: Callable[[Client], Awaitable[None]]
+    fakes: Callable[[], list[FakeUpstream]] = ONE_FAKE
+    slots: int = 4
+    cache: bool = False
+    # An upstream connection the proxy closes leaves its parser and itself behind, a small
+    # cycle (httptools' parser holds the connection's callbacks): one per closed connection.
+    allowed: frozenset[str] = frozenset()
+
+
+CASES = {
+    "json": Case(json_call),
+    "stream": Case(stream_call),
+    "failed over after a 500": Case(failed_over_call, fakes("500", "ok")),
+    "re-queued after a 429": Case(requeued_after_429, throttles_every_other_call),
+    "waited for the one slot": Case(two_at_once, slots=1),
+    "upstream 400 passed through": Case(passed_through_400, fakes("400")),
+    "malformed body": Case(bad_body),
+    "unknown model": Case(unknown_model),
+    "answered from the cache": Case(cache_hit, cache=True),
+    "embeddings": Case(embeddings),
+    "responses": Case(responses),
+    "client gone mid-stream": Case(client_gone_mid_stream, fakes("ok", chunk_delay_s=0.05),
+                                   allowed=frozenset({"Connection"})),
 }
 
 
@@ -123,17 +176,19 @@ async def test_a_finished_call_is_freed_by_reference_counting(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
     saved_garbage: list[object], name: str,
 ) -> None:
-    call, make_fakes, slots = CASES[name]
-    servers = [await aiohttp_server(fake.app()) for fake in make_fakes()]
-    providers = [provider(f"p{i}", str(s.make_url("/v1")), max_concurrency=slots)
+    case = CASES[name]
+    servers = [await aiohttp_server(fake.app()) for fake in case.fakes()]
+    providers = [provider(f"p{i}", str(s.make_url("/v1")), max_concurrency=case.slots)
                  for i, s in enumerate(servers)]
-    models = {"m": [{"provider": p["name"], "model": f"up-{p['name']}"} for p in providers]}
+    candidates = [{"provider": p["name"], "model": f"up-{p['name']}"} for p in providers]
+    models = {"m": {"candidates": candidates, **({"cache": {"ttl_s": 60}} if case.cache else {})}}
     client = await start(aiohttp_server, aiohttp_client, counter,
                          config=config_from(providers, models))
-    await call(client)  # the first call builds what every later call reuses
+    await case.call(client)  # the first call builds what every later call reuses
     gc.collect()
     saved_garbage.clear()
     for _ in range(CALLS):
-        await call(client)
+        await case.call(client)
     gc.collect()
-    assert proxys_own(saved_garbage) == Counter()
+    left = proxys_own(saved_garbage)
+    assert set(left) <= case.allowed, left

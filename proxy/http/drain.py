@@ -13,6 +13,19 @@ log = logging.getLogger(__name__)
 FAREWELL_S = 2.0
 
 
+def uncancel() -> bool:
+    """Undo the running task's cancellation by the drain; False outside a task.
+
+    A helper, so that no frame of a call keeps its task in a local: the task holds its
+    CancelledError, the error its traceback, the traceback that frame, and the cycle would
+    keep the whole call alive until the garbage collector ran."""
+    task = asyncio.current_task()
+    if task is None:
+        return False
+    task.uncancel()
+    return True
+
+
 class Lifecycle:
     """Readiness, and the proxied calls in progress, for the drain to wait on."""
 

@@ -40,6 +40,7 @@ from .accounting import record_usage
 from .auth import ON_BEHALF
 from .batches import create_background
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
+from .drain import uncancel
 from .edge import Incoming, read_call, upstream_headers
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
@@ -105,10 +106,8 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
         with lifecycle.call():
             return await _drive(service, exchange, path)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if lifecycle.expired and task is not None and not request.get(COMMITTED):
-            task.uncancel()  # ended by the drain, not by the client: it gets a 503
-            raise ShuttingDown() from None
+        if lifecycle.expired and not request.get(COMMITTED) and uncancel():
+            raise ShuttingDown() from None  # ended by the drain, not by the client: a 503
         raise
     finally:
         if flight is not None and exchange.cache_key is not None:

@@ -15,7 +15,7 @@ from ..core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ..core.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ..core.route import Deployment
 from ..core.value import value
-from .drain import FAREWELL_S
+from .drain import FAREWELL_S, uncancel
 from .edge import Incoming, upstream_headers, written_by_aiohttp
 from .events import event_stream
 from .service import Service
@@ -318,12 +318,11 @@ async def relay(
         except ClientGone:
             _hang_up(request)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not request.app[LIFECYCLE].expired or task is None or ending:
-            # The client left; or the end is written and only its drain was cut short:
-            # nothing may follow it, and the connection closes after what is written.
+        # The client left; or the end is written and only its drain was cut short: nothing
+        # may follow it, and the connection closes after what is written. Else the drain
+        # timed out: say so in the stream, then close it.
+        if not request.app[LIFECYCLE].expired or ending or not uncancel():
             raise
-        task.uncancel()  # the drain timed out: say so in the stream, then close it
         verdict = ABANDONED
         request[RECORD].code = ShuttingDown.code
         event = error_event("the proxy is shutting down; the stream was ended",
