@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -306,12 +307,47 @@ COMPLETION = orjson.dumps({
 })
 
 
+# What api.openai.com sends besides the body's own headers (values made up), for
+# ``--openai-headers``: a proxy pays for every header it parses, and most of these it drops.
+OPENAI_HEADERS = (
+    ("access-control-expose-headers", "X-Request-ID"),
+    ("openai-organization", "user-bench"),
+    ("openai-processing-ms", "231"),
+    ("openai-project", "proj_bench"),
+    ("openai-version", "2020-10-01"),
+    ("x-ratelimit-limit-requests", "10000"),
+    ("x-ratelimit-limit-tokens", "2000000"),
+    ("x-ratelimit-remaining-requests", "9999"),
+    ("x-ratelimit-remaining-tokens", "1999970"),
+    ("x-ratelimit-reset-requests", "6ms"),
+    ("x-ratelimit-reset-tokens", "0s"),
+    ("x-request-id", "req_0123456789abcdef0123456789abcdef"),
+    ("strict-transport-security", "max-age=31536000; includeSubDomains; preload"),
+    ("cf-cache-status", "DYNAMIC"),
+    ("set-cookie", "__cf_bm=bench; path=/; expires=Tue, 01-Dec-26 10:30:00 GMT; "
+                   "domain=.api.openai.com; HttpOnly; Secure; SameSite=None"),
+    ("set-cookie", "_cfuvid=bench; path=/; domain=.api.openai.com; HttpOnly; Secure; "
+                   "SameSite=None"),
+    ("x-content-type-options", "nosniff"),
+    ("cf-ray", "8e0123456789abcd-AMS"),
+    ("alt-svc", 'h3=":443"; ma=86400'),
+)
+
+
+EXTRA_HEADERS = web.AppKey("extra_headers", tuple)
+
+
+def _answer_headers(request: web.Request, content_type: str) -> CIMultiDict[str]:
+    return CIMultiDict((("content-type", content_type), *request.app[EXTRA_HEADERS]))
+
+
 async def fake_completion(request: web.Request) -> web.StreamResponse:
     """Answers at once; streams add the usage chunk only when asked, as OpenAI does."""
     body = orjson.loads(await request.read())
     if not body.get("stream"):
-        return web.Response(body=COMPLETION, content_type="application/json")
-    answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        return web.Response(body=COMPLETION,
+                            headers=_answer_headers(request, "application/json"))
+    answer = web.StreamResponse(headers=_answer_headers(request, "text/event-stream"))
     await answer.prepare(request)
     for event in SSE_EVENTS:
         await answer.write(event)
@@ -322,8 +358,10 @@ async def fake_completion(request: web.Request) -> web.StreamResponse:
     return answer
 
 
-def upstream_app() -> web.Application:
+def upstream_app(openai_headers: bool = False) -> web.Application:
+    """The fake provider; with ``openai_headers``, its answers carry OpenAI's 19 headers."""
     app = web.Application()
+    app[EXTRA_HEADERS] = OPENAI_HEADERS if openai_headers else ()
     app.router.add_post("/v1/chat/completions", fake_completion)
     return app
 

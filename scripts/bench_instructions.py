@@ -18,7 +18,8 @@ change that executes fewer of them on the same path is cheaper: use it to compar
 commits, and ``bench_overhead`` for requests per second. The ratio ``bare / proxy`` is
 the requests/s ratio a CPU-bound proxy would reach if instructions were all that counted.
 
-    .venv/bin/python scripts/bench_instructions.py [--calls 200] [--rounds 3] [--modes json,stream]
+    .venv/bin/python scripts/bench_instructions.py [--calls 200] [--rounds 3]
+        [--modes json,stream] [--openai-headers]
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def counted(kids: Children, name: str, argv: list[str], stream: bool,
 
 def benchmark(kids: Children, args: argparse.Namespace) -> str:
     python, here = sys.executable, Path(__file__).resolve().parent
-    kids.start("upstream", [python, str(here / "bench_overhead.py"), "--role", "upstream"])
+    kids.start("upstream", [python, str(here / "bench_overhead.py"), "--role", "upstream",
+                            *(["--openai-headers"] if args.openai_headers else [])])
     upstream = kids.wait_listening("upstream")
     config = kids.logs / "bench.yaml"
     config.write_text(proxy_config(upstream))
@@ -91,7 +93,8 @@ def benchmark(kids: Children, args: argparse.Namespace) -> str:
     lines = [f"machine: {machine()}",
              f"{args.calls} calls after {args.warmup} of warm-up, one at a time over "
              f"{args.connections} keep-alive connections; callgrind instruction counts, the "
-             f"fewest of {args.rounds} rounds (spread in brackets)",
+             f"fewest of {args.rounds} rounds (spread in brackets); upstream answers with "
+             + ("api.openai.com's 19 headers" if args.openai_headers else "content-type alone"),
              "", f"{'mode':8}{'bare':>20}{'proxy':>20}{'added':>10}{'bare/proxy':>12}"]
     for mode in args.modes:
         runs: dict[str, list[float]] = {name: [] for name in targets}
@@ -119,6 +122,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="runs of each target, the fewest counted (default 3)")
     parser.add_argument("--connections", type=int, default=4,
                         help="keep-alive connections the calls take turns on (default 4)")
+    parser.add_argument("--openai-headers", action="store_true",
+                        help="the fake upstream answers with the 19 headers api.openai.com "
+                             "sends, not content-type alone")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["json", "stream"],
                         help="comma-separated: json, stream (default both)")
     args = parser.parse_args(argv)

@@ -68,11 +68,11 @@ def request_body(stream: bool) -> bytes:
     })
 
 
-def run_role(role: str, upstream: str) -> None:
+def run_role(role: str, upstream: str, openai_headers: bool = False) -> None:
     if role == "loadgen":
         serve_loads()
         return
-    app = upstream_app() if role == "upstream" else bare_app(upstream)
+    app = upstream_app(openai_headers) if role == "upstream" else bare_app(upstream)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(serve_until_signalled(app))
 
@@ -161,11 +161,12 @@ class Bench:
     """The three targets, started once, and one measurement at a time against them."""
 
     def __init__(self, kids: Children, client: str, pinned: bool,
-                 profile: Path | None) -> None:
+                 profile: Path | None, openai_headers: bool) -> None:
         self.kids = kids
         self.client = client
         self.pinned = pinned
         self.profile = profile
+        self.openai_headers = openai_headers
         self.pids: dict[str, int] = {}
         self.urls: dict[str, str] = {}
 
@@ -173,7 +174,8 @@ class Bench:
         """Starts the three targets; returns the proxy's start-up time and idle size."""
         python, me = sys.executable, str(Path(__file__).resolve())
         path = "/v1/chat/completions"
-        self._server("upstream", [python, me, "--role", "upstream"], path)
+        self._server("upstream", [python, me, "--role", "upstream",
+                                  *(["--openai-headers"] if self.openai_headers else [])], path)
         upstream = self.urls["upstream"].removesuffix(path)
         self._server("bare", [python, me, "--role", "bare", "--upstream", upstream], path)
         config = self.kids.logs / "bench.yaml"
@@ -276,6 +278,8 @@ def report(args: argparse.Namespace, client: str, points: list[Point],
         f"load: closed loop, {load}; {args.rounds} rounds, targets alternated within each; "
         + ", ".join(f"{p.connections} conns x {p.duration_s:g} s" for p in points),
         "figures: medians over the rounds; cpu = the target process's own CPU per call",
+        "upstream answers: " + ("with api.openai.com's 19 headers" if args.openai_headers
+                                else "content-type alone"),
         "",
         f"{'target':<9}{'mode':<7}{'conns':>5}{'req/s':>8}{'rounds':>12}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'cpu us':>8}{'errors':>7}",
@@ -321,7 +325,7 @@ def benchmark(kids: Children, args: argparse.Namespace) -> str:
         if len(os.sched_getaffinity(0)) < 2:
             raise SystemExit("--pin needs two CPUs")
         os.sched_setaffinity(0, {1})  # every child inherits CPU 1; the target moves to 0
-    bench = Bench(kids, client, args.pin, args.profile)
+    bench = Bench(kids, client, args.pin, args.profile, args.openai_headers)
     targets = ("proxy",) if args.profile else TARGETS
     memory = bench.start()
     # wrk only takes whole seconds
@@ -368,6 +372,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", type=lambda p: Path(p).resolve(), metavar="FILE",
                         help="run only the proxy, under pyinstrument, and write its profile "
                              "to FILE (.html for the HTML view, else text)")
+    parser.add_argument("--openai-headers", action="store_true",
+                        help="the fake upstream answers with the 19 headers api.openai.com "
+                             "sends (x-ratelimit-*, cookies, ...), not content-type alone")
     parser.add_argument("--role", choices=("upstream", "bare", "loadgen"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
@@ -380,7 +387,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
-        run_role(args.role, args.upstream)
+        run_role(args.role, args.upstream, args.openai_headers)
         return 0
     try:
         with children("bench_overhead.") as kids:

@@ -128,11 +128,11 @@ def parse_duration(text: str) -> float | None:
     """Seconds in an ``x-ratelimit-reset-*`` value: ``"1s"``, ``"6m0s"``, ``"20ms"``,
     ``"1h2m3.5s"``, or a bare number of seconds. None if it is not one of those."""
     text = text.strip().lower()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
+    if not text.endswith(("h", "m", "s")):  # no float() ends so: skip its ValueError
+        try:
+            seconds = float(text)
+        except ValueError:
+            return None
         return seconds if math.isfinite(seconds) and seconds >= 0 else None
     scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
     total = 0.0
@@ -233,12 +233,17 @@ class ProviderLimits:
         self._upstream_tokens.spend(actual - estimated, now)
 
     def observe_headers(self, headers: Mapping[str, str], now: float) -> None:
-        lowered = lowercase_keys(headers)
+        """Learn the provider's ``x-ratelimit-*`` view from a response's headers."""
+        if ("x-ratelimit-remaining-requests" not in headers
+                and "x-ratelimit-remaining-tokens" not in headers):
+            # Names in another case; an upstream response's are lower case already, and
+            # not copying its 20-odd headers is what this check is for.
+            headers = lowercase_keys(headers)
         for kind, quota in (
             ("requests", self._upstream_requests),
             ("tokens", self._upstream_tokens),
         ):
-            remaining_text = lowered.get(f"x-ratelimit-remaining-{kind}")
+            remaining_text = headers.get(f"x-ratelimit-remaining-{kind}")
             if remaining_text is None:
                 continue
             try:
@@ -247,7 +252,7 @@ class ProviderLimits:
                 continue
             if not math.isfinite(remaining):
                 continue
-            reset = parse_duration(lowered.get(f"x-ratelimit-reset-{kind}", ""))
+            reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
             quota.remaining = remaining
             quota.reset_at = now + min(
                 self.default_reset_s if reset is None else reset, self.max_pause_s

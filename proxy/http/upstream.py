@@ -35,7 +35,7 @@ class UpstreamRequest:
 
 class UpstreamResponse(Protocol):
     status: int
-    headers: Mapping[str, str]
+    headers: Mapping[str, str]  # names in lower case
 
     @property
     def ended(self) -> bool:
