@@ -121,7 +121,7 @@ class FakeUpstream:
     async def shaped(self, request: web.Request) -> web.StreamResponse:
         """Completions and Responses, in the simulated provider's shapes; ``ok`` or the
         error modes."""
-        body = await request.json()
+        body = await request.json(loads=orjson.loads)  # fast: the proxy shares its loop
         self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
         mode = self.script.popleft() if self.script else self.default
         if mode in ("500", "400", "429", "401") or (self.raw_stream and body.get("stream")):
@@ -142,14 +142,14 @@ class FakeUpstream:
         return response
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await request.json(loads=orjson.loads)  # fast: the proxy shares its loop
         self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
         return web.json_response({"object": "list", "model": body["model"], "data": [
             {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
             "usage": {"prompt_tokens": 2, "total_tokens": 2}})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = await request.json(loads=orjson.loads)  # fast: the proxy shares its loop
         self.seen.append(Seen(dict(request.headers), body, dict(request.query)))
         mode = self.script.popleft() if self.script else self.default
         if self.capacity is not None and self.active >= self.capacity:
