@@ -251,6 +251,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._origin.forget(self)
+        # The parser holds this connection's callbacks: one that calls nothing instead, so
+        # the two are freed by reference counting, not left for the garbage collector.
+        self._parser = httptools.HttpResponseParser(None)
         if not self._busy or self._complete:
             return
         if self._head and self._until_close and self._error is None:
