@@ -14,7 +14,7 @@ import asyncio
 import gc
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -99,6 +99,13 @@ async def unknown_model(client: Client) -> None:
     await resp.read()
 
 
+async def timed_out(client: Client) -> None:
+    """The provider throttles every call until its tier's deadline: the proxy's 503."""
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 503
+    assert (await resp.json())["error"]["code"] == "queue_timeout"
+
+
 async def cache_hit(client: Client) -> None:
     """After the first call (a miss), every one is answered from the cache."""
     for stream in (False, True):
@@ -149,6 +156,7 @@ class Case:
     fakes: Callable[[], list[FakeUpstream]] = ONE_FAKE
     slots: int = 4
     cache: bool = False
+    sections: dict[str, Any] = field(default_factory=dict)  # more of the config
 
 
 CASES = {
@@ -161,6 +169,10 @@ CASES = {
     "malformed body": Case(bad_body),
     "unknown model": Case(unknown_model),
     "answered from the cache": Case(cache_hit, cache=True),
+    "timed out while throttled": Case(
+        timed_out, fakes("429", retry_after_ms="1"),
+        sections={"tiers": [{"name": "normal", "max_wait_s": 0.05}],
+                  "classify": {"default_tier": "normal"}}),
     "embeddings": Case(embeddings),
     "responses": Case(responses),
     "client gone mid-stream": Case(client_gone_mid_stream, fakes("ok", chunk_delay_s=0.05)),
@@ -179,7 +191,7 @@ async def test_a_finished_call_is_freed_by_reference_counting(
     candidates = [{"provider": p["name"], "model": f"up-{p['name']}"} for p in providers]
     models = {"m": {"candidates": candidates, **({"cache": {"ttl_s": 60}} if case.cache else {})}}
     client = await start(aiohttp_server, aiohttp_client, counter,
-                         config=config_from(providers, models))
+                         config=config_from(providers, models, **case.sections))
     await case.call(client)  # the first call builds what every later call reuses
     gc.collect()
     saved_garbage.clear()

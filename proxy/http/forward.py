@@ -260,7 +260,10 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 await asyncio.sleep(max(until - service.clock.now(), 0.0))
                 command = attempts.resume(service.clock.now())
             case Fail(error=error):
-                raise error
+                try:
+                    raise error
+                finally:  # else this frame holds the error whose traceback holds the frame
+                    del error, command
             case PassThrough():
                 assert exchange.failure is not None
                 exchange.failure.headers["x-proxy-queue-ms"] = str(
