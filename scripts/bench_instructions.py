@@ -9,7 +9,7 @@ keep-alive connections, then off, so start-up and shut-down are not counted. The
 upstream runs outside valgrind.
 
 The count still depends a little on timing: how many reads a stream's events arrive in
-(each read is another pass through the parser and the relay) moved it by up to 3 %. So
+(each read is another pass through the parser and the relay) moved it by up to 4 %. So
 every target runs ``--rounds`` times, in alternation, and the fewest instructions per call
 (the most coalesced reads) is the figure; the spread is shown beside it.
 
