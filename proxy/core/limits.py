@@ -236,8 +236,8 @@ class ProviderLimits:
         """Learn the provider's ``x-ratelimit-*`` view from a response's headers."""
         if ("x-ratelimit-remaining-requests" not in headers
                 and "x-ratelimit-remaining-tokens" not in headers):
-            # Names in another case; an upstream response's are lower case already, and
-            # not copying its 20-odd headers is what this check is for.
+            # Another mapping's names may be in any case; an upstream response's are lower
+            # case already, and copying its 20-odd headers cost more than all the rest.
             headers = lowercase_keys(headers)
         for kind, quota in (
             ("requests", self._upstream_requests),
