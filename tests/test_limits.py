@@ -62,13 +62,11 @@ def test_rolling_counts_count_exactly_the_slots_in_the_window(
     assert counts.total("a", 60.0) == 0
 
 
-
 def test_an_add_just_past_a_slot_counts_in_the_next_one() -> None:
     counts = RollingCounts(window_s=10.0, buckets=5)  # slots of 2 s
     counts.add("calls", 1.0)  # slot 0
     counts.add("calls", 2.0)  # slot 1: the shortcut must not take it for slot 0
     assert counts.total("calls", 10.0) == 1  # slot 0 has left the window, slot 1 has not
-
 
 
 def test_an_add_at_a_float_slot_boundary_goes_in_the_slot_prune_computes() -> None:

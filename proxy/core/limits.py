@@ -29,20 +29,15 @@ class RollingCounts:
         self._slot_s = window_s / buckets
         self._buckets = buckets
         self._ring: deque[tuple[int, dict[str, int]]] = deque()
-        # The newest slot and its counts, while the ring holds it: an add in that slot
-        # touches nothing else.
-        self._newest: tuple[int, dict[str, int]] | None = None
 
     def add(self, name: str, now: float, n: int = 1) -> None:
-        newest = self._newest
-        if newest is not None and newest[0] == math.floor(now / self._slot_s):
-            counts = newest[1]
-        else:
-            slot = self._prune(now)
-            if not self._ring or self._ring[-1][0] < slot:
-                self._ring.append((slot, {}))
-            self._newest = self._ring[-1]
-            counts = self._newest[1]
+        ring = self._ring
+        slot = math.floor(now / self._slot_s)
+        if not ring or ring[-1][0] != slot:  # an add in the newest slot touches nothing else
+            self._prune(now)
+            if not ring or ring[-1][0] < slot:
+                ring.append((slot, {}))
+        counts = ring[-1][1]
         counts[name] = counts.get(name, 0) + n
 
     def total(self, name: str, now: float) -> int:
@@ -51,14 +46,11 @@ class RollingCounts:
 
     def clear(self) -> None:
         self._ring.clear()
-        self._newest = None
 
     def _prune(self, now: float) -> int:
         slot = math.floor(now / self._slot_s)
         while self._ring and self._ring[0][0] <= slot - self._buckets:
             self._ring.popleft()
-        if not self._ring:
-            self._newest = None
         return slot
 
 
