@@ -229,7 +229,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     _within_budget(service, exchange.plan.caller)
                     if service.shared.shared:
                         command, exchange.lease = await grant(service, attempts,
-                                                              decision.deployment, now)
+                                                              decision.deployment)
                     else:
                         command = attempts.granted(decision.deployment, now)
             case Send(deployment=deployment):

@@ -25,12 +25,11 @@ def rank(ticket: Ticket) -> int:
     return ticket.current_tier * LEVELS + min(ticket.level, LEVELS - 1)
 
 
-async def grant(service: Service, attempts: Attempts, deployment_id: str,
-                now: float) -> tuple[Command, Lease | None]:
-    """``Attempts.granted``, and with shared state first a slot of the provider leased
-    across replicas (the lease is returned while the call is sent)."""
-    if not service.shared.shared:
-        return attempts.granted(deployment_id, now), None
+async def grant(service: Service, attempts: Attempts,
+                deployment_id: str) -> tuple[Command, Lease | None]:
+    """``Attempts.granted`` with shared state (the caller calls ``granted`` itself
+    without): first a slot of the provider leased across replicas (the lease is returned
+    while the call is sent)."""
     deployment = attempts.candidate(deployment_id)
     tokens = attempts.tokens(deployment)
     got = await _lease(service, attempts, deployment, tokens)
@@ -118,9 +117,9 @@ def ended(service: Service, deployment: Deployment, tokens: int, used: int | Non
 
 
 async def take_key(service: Service, principal: Principal, plan: Plan) -> bool:
-    """The key's share of its shared rpm/tpm: True if taken (settle it with
-    ``settle_key``); RateLimited if the key is over its limit."""
-    if not service.shared.shared or (principal.rpm is None and principal.tpm is None):
+    """With shared state (the caller checks), the key's share of its shared rpm/tpm: True
+    if taken (settle it with ``settle_key``); RateLimited if the key is over its limit."""
+    if principal.rpm is None and principal.tpm is None:
         return False
     wait_s = await service.shared.take_rate("key:" + principal.name, principal.rpm,
                                             principal.tpm, plan.tokens)
