@@ -1,4 +1,5 @@
-"""Command line: ``python -m proxy serve|check|simulate --config routing.yaml``."""
+"""Command line: ``python -m proxy serve|check|simulate --config routing.yaml``, and
+``python -m proxy scoreboard``."""
 
 from __future__ import annotations
 
@@ -62,10 +63,19 @@ def main(argv: list[str] | None = None) -> int:
                           "max_tokens]), .jsonl, or the JSON access log (.log)")
     sim.add_argument("--speed", type=float, default=1.0,
                      help="arrivals this many times as fast (default 1)")
-    sim.add_argument("--compare", choices=["fcfs"], help="the same calls first come first served")
+    sim.add_argument("--compare", metavar="fcfs,priority,wfq,static",
+                     help="the same calls under reference disciplines (comma-separated): "
+                          "first come first served, strict priority, weighted fair "
+                          "queueing, static slots per tier")
     sim.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     sim.add_argument("--out", metavar="report.html",
                      help="write a self-contained HTML report with charts")
+    board = commands.add_parser(
+        "scoreboard", help="the policy's bounds on every scenario, beside reference disciplines")
+    board.add_argument("--only", metavar="NAME[,NAME...]", help="these scenarios only")
+    board.add_argument("--details", action="store_true",
+                       help="each bound's figures and the disciplines side by side")
+    board.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     fitting = commands.add_parser(
         "fit", help="fit each provider's simulate: timing from a JSON access log")
     fitting.add_argument("--log", required=True, help="the proxy's JSON access log")
@@ -74,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "scoreboard":
+        from .sim.cli import scoreboard_command
+
+        return scoreboard_command(args.only, args.details, args.json)
     if args.command == "fit":
         from .sim.fit import fit_command
 

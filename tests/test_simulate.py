@@ -17,7 +17,7 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
-from proxy.sim.fcfs import fcfs
+from proxy.sim.disciplines import reference
 from proxy.sim.report import summary, table
 from proxy.sim.run import simulate
 
@@ -103,7 +103,7 @@ def test_every_call_ends_and_priorities_beat_fcfs() -> None:
     assert len(result.outcomes) == len(calls)
     assert all(o.code is not None or o.done_at >= o.arrived for o in result.outcomes)
     report = summary(config, result)
-    baseline = summary(config, fcfs(config, calls, [o.tier for o in result.outcomes]))
+    baseline = summary(config, reference(config, calls, [o.tier for o in result.outcomes], "fcfs"))
     tiers, fifo = report["tiers"], baseline["tiers"]
     assert isinstance(tiers, dict) and isinstance(fifo, dict)
     assert {name: t["n"] for name, t in tiers.items()} == {"critical": 30, "normal": 20,
@@ -272,7 +272,7 @@ def test_the_readme_guarantees_hold_on_real_arrivals(start_s: float) -> None:
     }, {})
     calls = keyed_slice(start_s, 120.0)
     result = simulate(config, calls)
-    baseline = fcfs(config, calls, [o.tier for o in result.outcomes])
+    baseline = reference(config, calls, [o.tier for o in result.outcomes], "fcfs")
     ours, theirs = summary(config, result), summary(config, baseline)
     tiers, fifo = ours["tiers"], theirs["tiers"]
     assert isinstance(tiers, dict) and isinstance(fifo, dict)

@@ -93,6 +93,7 @@ def parse_classify(
         rpm = key_node.optional_integer("rpm", minimum=1)
         tpm = key_node.optional_integer("tpm", minimum=1)
         budget = _budget(key_node.node("budget_usd")) if key_node.has("budget_usd") else None
+        weight = key_node.number("weight", 1.0, positive=True, maximum=1e6)
         if key_node.has("key"):
             secret = key_node.secret("key")
             if secret is UNSET or (secret == "" and "${" in str(key_node.raw("key"))):
@@ -110,7 +111,7 @@ def parse_classify(
             fail(path, "the same key is listed twice")
         keys.append(ApiKey(digest, Principal(
             name=name, tier=tier, max_tier=max_tier,
-            rpm=rpm, tpm=tpm, budget=budget,
+            rpm=rpm, tpm=tpm, budget=budget, weight=weight,
         )))
         key_node.check_unknown()
     rules = tuple(_rule(path, rule_node, names, declared, models)

@@ -46,6 +46,7 @@ class Principal:
     rpm: int | None = None  # past these: 429 rate_limit_exceeded
     tpm: int | None = None
     budget: Budget | None = None  # past it: 429 budget_exceeded
+    weight: float = 1.0  # its share of its tier's slot-seconds beside the tier's other keys
 
 
 @dataclass(frozen=True)

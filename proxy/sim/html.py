@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from ..config import Config
+from .report import TITLES
 from .run import Simulation
 
 COLORS = ("#d1495b", "#edae49", "#00798c", "#30638e", "#7a5195", "#66a182", "#8d96a3")
@@ -134,8 +135,9 @@ def page(config: Config, simulation: Simulation, report: dict[str, object],
     charts.append(_chart("Queue wait, share of calls at or below (CDF)",
                          [(n, c, [(x, y) for x, y in p], d) for n, c, p, d in lines], "s", ""))
     tables = [_table("triage-proxy", report)]
-    if "fcfs" in report:
-        tables.append(_table("first come first served", report["fcfs"]))  # type: ignore[arg-type]
+    for discipline, title in TITLES.items():
+        if discipline in report:
+            tables.append(_table(title, report[discipline]))  # type: ignore[arg-type]
     if "against" in report:
         tables.append(_table("the second config", report["against"]))  # type: ignore[arg-type]
     return f"""<!doctype html>

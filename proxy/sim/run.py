@@ -41,6 +41,7 @@ class Outcome:
 
     arrived: float
     tier: str = ""
+    key: str | None = None  # the caller's name
     wait_s: float = math.nan  # queued time, every pass included
     code: str | None = None  # the error code of a refused call
     provider: str | None = None
@@ -186,7 +187,7 @@ class _Replay:
             except ModelNotFound as exc:  # refused, as live
                 outcome.code, outcome.wait_s, outcome.done_at = exc.code, 0.0, now
                 return
-            outcome.tier = plan.tier_name
+            outcome.tier, outcome.key = plan.tier_name, principal.name
             attempts = Attempts(self.engine, plan)
             self._do(attempts, attempts.start(now), row, outcome, now)
 

@@ -1,0 +1,331 @@
+"""The scoreboard's workloads: each a routing table and the calls it is given, seeded, so
+every run replays the same calls.
+
+Unless a scenario says otherwise, one simulated provider ``p`` serves a call in
+``output_tokens / 100`` seconds (no time to first token, prompt length free), and the
+estimator's priors say the same, so sizes are known; the scenarios about estimates lie on
+purpose. Tiers are the shipped four (critical 8 / 10 s, high 4 / 30 s, normal 2 / 120 s,
+low 1 / 900 s) unless a scenario writes its own table.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..config import Config, parse_config
+from ..config.trace import SHIPPED_TRACE, TraceCall, read_calls
+
+TOKENS_PER_S = 100.0
+SHIPPED_TIERS: tuple[dict[str, object], ...] = (
+    {"name": "critical", "weight": 8, "max_wait_s": 10},
+    {"name": "high", "weight": 4, "max_wait_s": 30},
+    {"name": "normal", "weight": 2, "max_wait_s": 120},
+    {"name": "low", "weight": 1, "max_wait_s": 900},
+)
+# The benchmark's model of a hosted provider for the real traces: first token after
+# 0.2 s, 10k prompt tokens and 40 output tokens a second.
+TRACE_TIMING: dict[str, object] = {"ttft_s": 0.2, "prefill_tokens_per_s": 10_000,
+                                   "tokens_per_s": 40}
+TRACE_PRIORS: dict[str, object] = {"ttft_s": 0.2, "prefill_seconds_per_token": 0.0001,
+                                   "seconds_per_token": 0.025}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    config: Config
+    calls: tuple[TraceCall, ...]
+    light_key: str | None = None  # its p90 wait is bounded beside another key's burst
+    weighted_keys: tuple[str, str] | None = None  # (heavier, lighter): served 2-4x
+    low_within: tuple[str, float] | None = None  # (tier, s): half its calls served by then
+    notes: tuple[str, ...] = field(default=())
+
+
+def config(slots: int | dict[str, int], tiers: Sequence[dict[str, object]] = SHIPPED_TIERS,
+           keys: Sequence[Mapping[str, object]] = (), scheduler: dict[str, object] | None = None,
+           timing: Mapping[str, object] | None = None,
+           priors: Mapping[str, object] | None = None) -> Config:
+    """A routing table with one model ``m`` whose candidates are the providers, in order."""
+    pools = slots if isinstance(slots, dict) else {"p": slots}
+    simulate = timing or {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S}
+    data: dict[str, object] = {
+        "tiers": list(tiers),
+        "scheduler": {"max_queue": 100_000, **(scheduler or {})},
+        "classify": {"default_tier": str(tiers[len(tiers) // 2]["name"]),
+                     **({"keys": [{"key": f"secret-{k['name']}", **k} for k in keys]}
+                        if keys else {})},
+        "providers": [{"name": name, "kind": "simulated", "max_concurrency": limit,
+                       "simulate": {"max_output_tokens": 1_000_000,
+                                    **({k: v for k, v in simulate.items() if k != "capacity"}),
+                                    **({"capacity": simulate["capacity"]}
+                                       if "capacity" in simulate and name == "p" else {})}}
+                      for name, limit in pools.items()],
+        "models": {"m": [{"provider": name, "model": "x", "max_output_tokens": 1_000_000}
+                         for name in pools]},
+        "estimate": dict(priors) if priors else {
+            "ttft_s": 0.0, "seconds_per_token": 1 / TOKENS_PER_S,
+            "prefill_seconds_per_token": 0.0},
+    }
+    return parse_config(data, {})
+
+
+def call(t: float, service_s: float, tier: str, key: str | None = None,
+         claims_s: float | None = None) -> TraceCall:
+    """A call of ``service_s`` on the default timing; ``claims_s``: what its max_tokens
+    says it may take (default: the truth)."""
+    tokens = max(1, round(service_s * TOKENS_PER_S))
+    asked = tokens if claims_s is None else max(1, round(claims_s * TOKENS_PER_S))
+    return TraceCall(t, 0, tokens, tier=tier, key=key, max_tokens=max(asked, tokens))
+
+
+def poisson(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
+    times: list[float] = []
+    t = start
+    while True:
+        t += rng.expovariate(rate)
+        if t >= end:
+            return times
+        times.append(t)
+
+
+def flows(rng: random.Random, spec: Sequence[tuple[str, float, Callable[[], float]]],
+          start: float, end: float, key: str | None = None) -> list[TraceCall]:
+    """Poisson flows: (tier, calls per second, a draw of the service time)."""
+    out = [call(t, size(), tier, key) for tier, rate, size in spec
+           for t in poisson(rng, rate, start, end)]
+    return sorted(out, key=lambda c: c.t)
+
+
+def lognormal(rng: random.Random, mean: float, sigma: float, cap: float) -> Callable[[], float]:
+    mu = math.log(mean) - sigma * sigma / 2
+    return lambda: min(rng.lognormvariate(mu, sigma), cap)
+
+
+def fixed(seconds: float) -> Callable[[], float]:
+    return lambda: seconds
+
+
+# --- the scenarios ----------------------------------------------------------------------
+
+
+def seed_peak(chat_tier: str = "high") -> Scenario:
+    """The seed's evening peak: chat 15/s x 0.2 s, analysis 2.5/s x 2.8 s, brief 0.3/s x
+    10 s on 10 slots: 1.3x capacity for 30 s, then 20 s quiet."""
+    rng = random.Random(1)
+    calls = flows(rng, [(chat_tier, 15.0, fixed(0.2)), ("normal", 2.5, fixed(2.8)),
+                        ("low", 0.3, fixed(10.0))], 0.0, 30.0)
+    name = "seed-peak" if chat_tier == "high" else f"seed-peak-{chat_tier}"
+    return Scenario(name, f"10 slots, chat ({chat_tier}) / analysis / brief at 1.3x for 30 s",
+                    config(10), tuple(calls))
+
+
+def critical_overload(factor: float) -> Scenario:
+    """4 slots, 0.5 s calls, every max_wait_s 60: critical at ``factor`` x capacity for
+    15 s, and 10 low calls at 0.3 s."""
+    tiers = [{**t, "max_wait_s": 60} for t in SHIPPED_TIERS]
+    rate = factor * 4 / 0.5
+    calls = [call(i / rate, 0.5, "critical") for i in range(int(15 * rate))]
+    calls += [call(0.3, 0.5, "low") for _ in range(10)]
+    return Scenario(f"critical-{factor:g}x", f"4 slots, critical at {factor:g}x for 15 s beside "
+                    "10 low calls", config(4, tiers), tuple(sorted(calls, key=lambda c: c.t)),
+                    low_within=("low", 20.0))
+
+
+def urgent_overload(factor: float) -> Scenario:
+    """8 slots, lognormal sizes around 1 s: critical and high at ``factor`` x capacity
+    (3:1) for 30 s over a steady normal (0.15) and low (0.1) load."""
+    rng = random.Random(int(factor * 10))
+    size = lognormal(rng, 1.0, 0.8, 10.0)
+    urgent = factor * 8 / 1.0
+    calls = flows(rng, [("critical", 0.75 * urgent, size), ("high", 0.25 * urgent, size),
+                        ("normal", 0.15 * 8, size), ("low", 0.1 * 8, size)], 0.0, 30.0)
+    return Scenario(f"urgent-{factor:g}x", f"8 slots, critical+high at {factor:g}x for 30 s "
+                    "over normal and low", config(8), tuple(calls))
+
+
+def noisy_neighbour() -> Scenario:
+    """Two keys of tier normal, 4 slots, 0.5 s calls: ``heavy`` sends 200 at once, ``light``
+    one every 0.5 s (a quarter of the capacity) for 40 s."""
+    keys = [{"name": "heavy", "tier": "normal"}, {"name": "light", "tier": "normal"}]
+    calls = [call(0.0, 0.5, "normal", "heavy") for _ in range(200)]
+    calls += [call(0.01 + i * 0.5, 0.5, "normal", "light") for i in range(80)]
+    return Scenario("noisy-neighbour", "4 slots: one key's 200-call burst beside another "
+                    "key's steady quarter", config(4, keys=keys),
+                    tuple(sorted(calls, key=lambda c: c.t)), light_key="light")
+
+
+def weighted_keys() -> Scenario:
+    """Keys of weight 3 and 1 in tier normal, both backlogged: 300 calls each at once."""
+    keys: list[dict[str, object]] = [{"name": "gold", "tier": "normal", "weight": 3},
+                                     {"name": "bronze", "tier": "normal"}]
+    calls = [call(0.0, 0.5, "normal", k) for _ in range(300) for k in ("gold", "bronze")]
+    return Scenario("weighted-keys", "4 slots: keys of weight 3 and 1, both backlogged",
+                    config(4, keys=keys), tuple(calls), weighted_keys=("gold", "bronze"))
+
+
+def _mix(calls: Sequence[TraceCall], shares: Sequence[tuple[str, float]],
+         seed: int) -> list[TraceCall]:
+    rng = random.Random(seed)
+    names, weights = [n for n, _ in shares], [w for _, w in shares]
+    return [TraceCall(c.t, c.prompt_tokens, c.output_tokens, tier=rng.choices(names, weights)[0],
+                      max_tokens=c.output_tokens) for c in calls]
+
+
+def _by_size(calls: Sequence[TraceCall]) -> list[TraceCall]:
+    """Short calls urgent: under 100 output tokens high, under 400 normal, the rest low."""
+    return [TraceCall(c.t, c.prompt_tokens, c.output_tokens, max_tokens=c.output_tokens,
+                      tier="high" if c.output_tokens < 100 else
+                      "normal" if c.output_tokens < 400 else "low") for c in calls]
+
+
+MIX_A = (("critical", 0.2), ("normal", 0.5), ("low", 0.3))
+MIX_B = (("critical", 0.1), ("high", 0.2), ("normal", 0.4), ("low", 0.3))
+
+
+def conversation(slots: int, mix: str) -> Scenario:
+    """The shipped Azure conversation trace's first 10 minutes (about 32 busy slots on the
+    benchmark's provider model), thinned to one call in ``k`` and sped up to about 1.15x
+    of ``slots``."""
+    every = {4: 8, 10: 3, 28: 1}[slots]
+    rows = [c for i, c in enumerate(read_calls(SHIPPED_TRACE)) if c.t < 600 and i % every == 0]
+    speed = 1.15 * slots * every / 32.0
+    rows = [TraceCall(c.t / speed, c.prompt_tokens, min(c.output_tokens, 2000)) for c in rows]
+    tiered = _by_size(rows) if mix == "size" else _mix(rows, MIX_A if mix == "a" else MIX_B,
+                                                        slots)
+    return Scenario(f"conversation-{slots}-{mix}", f"{slots} slots, the Azure conversation "
+                    f"trace at 1.15x, tiers {_mix_name(mix)}",
+                    config(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
+
+
+def code(slots: int, mix: str) -> Scenario:
+    """A code-completion shape (long prompts, short answers, bursts of a few seconds):
+    prompts lognormal around 2,000 tokens, answers around 30, at about 1.2x of ``slots``,
+    for about 1,000 calls."""
+    rng = random.Random(slots)
+    rows: list[TraceCall] = []
+    mean_s = 0.2 + 2000 / 10_000 + 40 / 40
+    t, duration = 0.0, min(300.0, 1200.0 / slots)
+    while t < duration:
+        burst = rng.randint(1, 6)
+        for _ in range(burst):
+            prompt = int(min(rng.lognormvariate(math.log(2000) - 0.5, 1.0), 16_000))
+            output = int(min(rng.lognormvariate(math.log(30) - 0.5, 1.0) + 1, 1000))
+            rows.append(TraceCall(t + rng.random() * 0.5, prompt, output))
+        t += rng.expovariate(1.2 * slots / mean_s / 3.5)
+    rows.sort(key=lambda c: c.t)
+    tiered = _mix(rows, MIX_A if mix == "a" else MIX_B, slots + 1)
+    return Scenario(f"code-{slots}-{mix}", f"{slots} slots, a code-trace shape at about 1.2x, "
+                    f"tiers {_mix_name(mix)}",
+                    config(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
+
+
+def _mix_name(mix: str) -> str:
+    return {"a": "20/50/30 % critical/normal/low", "b": "10/20/40/30 % of the four",
+            "size": "by size (short calls high)"}[mix]
+
+
+def bursts() -> Scenario:
+    """8 slots: a burst of 30 high calls (1 s) every 10 s over a steady normal and low load
+    (0.5 and 0.4 of the capacity, sizes around 2 s)."""
+    rng = random.Random(7)
+    calls = flows(rng, [("normal", 0.5 * 8 / 2.0, lognormal(rng, 2.0, 0.6, 12.0)),
+                        ("low", 0.4 * 8 / 2.0, lognormal(rng, 2.0, 0.6, 12.0))], 0.0, 120.0)
+    calls += [call(b * 10.0 + i * 0.02, 1.0, "high") for b in range(12) for i in range(30)]
+    return Scenario("bursts", "8 slots: 30-call bursts of high every 10 s over normal and low",
+                    config(8), tuple(sorted(calls, key=lambda c: c.t)))
+
+
+def heavy_tail() -> Scenario:
+    """8 slots at 1.2x for 120 s, sizes Pareto (alpha 1.3, 0.3 s up to 120 s), 10/20/40/30 %."""
+    rng = random.Random(11)
+
+    def pareto() -> float:
+        return min(0.3 * rng.paretovariate(1.3), 120.0)
+
+    mean = sum(pareto() for _ in range(20_000)) / 20_000
+    rate = 1.2 * 8 / mean
+    calls = flows(rng, [(tier, share * rate, pareto) for tier, share in MIX_B], 0.0, 120.0)
+    return Scenario("heavy-tail", "8 slots at 1.2x, Pareto sizes (0.3 s to 120 s)", config(8),
+                    tuple(calls))
+
+
+def lying_estimates() -> Scenario:
+    """6 slots at 1.2x for 60 s: the low tier's calls ask for 40x the tokens they produce
+    (a generous max_tokens), normal's claim nothing (no max_tokens: the learned average)."""
+    rng = random.Random(13)
+    size = lognormal(rng, 1.0, 0.7, 8.0)
+    out: list[TraceCall] = []
+    for tier, rate in (("critical", 1.2), ("high", 1.2), ("normal", 2.4), ("low", 2.4)):
+        for t in poisson(rng, rate, 0.0, 60.0):
+            c = call(t, size(), tier)
+            if tier == "low":
+                c = TraceCall(c.t, 0, c.output_tokens, tier=tier, max_tokens=40 * c.output_tokens)
+            elif tier == "normal":
+                c = TraceCall(c.t, 0, c.output_tokens, tier=tier)
+            out.append(c)
+    return Scenario("lying-estimates", "6 slots at 1.2x: low over-claims 40x, normal claims "
+                    "nothing", config(6), tuple(sorted(out, key=lambda c: c.t)))
+
+
+def throttled() -> Scenario:
+    """A provider configured for 16 slots that answers 429 past 6 (1.2x of 6 for 60 s)."""
+    rng = random.Random(17)
+    size = lognormal(rng, 1.0, 0.6, 6.0)
+    calls = flows(rng, [(tier, share * 1.2 * 6, size) for tier, share in MIX_B], 0.0, 60.0)
+    timing: dict[str, object] = {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S, "capacity": 6}
+    return Scenario("throttled", "16 slots configured, 429 past 6, at 1.2x of 6",
+                    config(16, timing=timing), tuple(calls))
+
+
+def empty_above() -> Scenario:
+    """A busy tier below an empty one: only normal and low, 1.3x of 8 slots for 60 s."""
+    rng = random.Random(19)
+    size = lognormal(rng, 2.0, 0.7, 15.0)
+    calls = flows(rng, [("normal", 0.8 * 8 / 2.0, size), ("low", 0.5 * 8 / 2.0, size)], 0.0, 60.0)
+    return Scenario("empty-above", "8 slots: normal 0.8 and low 0.5 of the capacity, no "
+                    "critical or high", config(8), tuple(calls))
+
+
+def two_providers() -> Scenario:
+    """A model served by two providers (6 + 4 slots) at 1.2x of both for 60 s."""
+    rng = random.Random(23)
+    size = lognormal(rng, 1.5, 0.7, 10.0)
+    calls = flows(rng, [(tier, share * 1.2 * 10 / 1.5, size) for tier, share in MIX_B],
+                  0.0, 60.0)
+    return Scenario("two-providers", "one model on two providers (6 + 4 slots) at 1.2x",
+                    config({"p": 6, "q": 4}), tuple(calls))
+
+
+BUILDERS: dict[str, Callable[[], Scenario]] = {
+    "seed-peak": seed_peak,
+    "seed-peak-critical": lambda: seed_peak("critical"),
+    "critical-1.2x": lambda: critical_overload(1.2),
+    "critical-2x": lambda: critical_overload(2.0),
+    "critical-4x": lambda: critical_overload(4.0),
+    "urgent-1.2x": lambda: urgent_overload(1.2),
+    "urgent-2x": lambda: urgent_overload(2.0),
+    "noisy-neighbour": noisy_neighbour,
+    "weighted-keys": weighted_keys,
+    "conversation-4-a": lambda: conversation(4, "a"),
+    "conversation-10-b": lambda: conversation(10, "b"),
+    "conversation-28-size": lambda: conversation(28, "size"),
+    "code-4-a": lambda: code(4, "a"),
+    "code-10-b": lambda: code(10, "b"),
+    "code-28-a": lambda: code(28, "a"),
+    "bursts": bursts,
+    "heavy-tail": heavy_tail,
+    "lying-estimates": lying_estimates,
+    "throttled": throttled,
+    "empty-above": empty_above,
+    "two-providers": two_providers,
+}
+
+
+def scenario(name: str) -> Scenario:
+    if name not in BUILDERS:
+        raise KeyError(f"unknown scenario {name!r} (one of {', '.join(BUILDERS)})")
+    return BUILDERS[name]()

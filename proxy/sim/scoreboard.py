@@ -1,0 +1,285 @@
+"""The scoreboard: every scenario (``proxy.sim.scenarios``) replayed through the proxy's own
+core and under each reference discipline (``proxy.sim.disciplines``) on the same calls,
+and the policy's bounds checked against them.
+
+The bounds (each applies where its condition holds; ``-`` in the table where none does):
+
+- ``urgent``: the most urgent tier with traffic waits (p99) at most 1.1x what strict
+  priority gives it (or 50 ms more), and at most 0.15x FCFS's where its own load fits the
+  capacity at its peak and FCFS makes it wait (p99 of a second or more). A tier's load at
+  its peak: the most work arriving in any window of 20 of its mean calls (at least 5 s, at
+  most the span of all arrivals).
+- ``floors``: over every window of ``4 x LAG_CALLS`` longest calls in which a tier had a
+  call waiting throughout, it was served at least its weight's share of the slot-seconds
+  served, less that share of the capacity for ``LAG_CALLS`` longest calls (the stated
+  lag). A tier's share is its weight over the sum of all the tiers' weights.
+- ``fits``: a tier whose load at its peak, with the more urgent tiers', fits in 90 % of
+  the capacity waits (p99) no longer than under FCFS (or 50 ms more).
+- ``deadlines``: no call times out where WFQ or strict priority time none out.
+- ``makespan``: at most 1.02x FCFS's, where FCFS served every call.
+- ``keys``: a light key's p90 wait beside another key's burst at most 1.5 s; keys of weight
+  3 and 1, both backlogged, served 2-4x as many calls; ``within``: at least half of a
+  tier's calls served within the stated time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..config import Config
+from ..core.quantile import percentile
+from .disciplines import DISCIPLINES, reference, slots_of
+from .report import summary
+from .run import Simulation, service_s, simulate
+from .scenarios import Scenario
+
+LAG_CALLS = 2.0  # the stated lag of a floor, in longest calls
+EPSILON_S = 0.05
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Row:
+    scenario: Scenario
+    reports: dict[str, dict[str, object]]
+    checks: list[Check] = field(default_factory=list)
+    took_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def _waits(sim: Simulation, tier: str) -> list[float]:
+    return sorted(o.wait_s for o in sim.outcomes if o.tier == tier and not math.isnan(o.wait_s))
+
+
+def _p(sim: Simulation, tier: str, q: float) -> float:
+    return percentile(_waits(sim, tier), q)
+
+
+def _timeouts(sim: Simulation) -> int:
+    return sum(1 for o in sim.outcomes if o.code == "queue_timeout")
+
+
+def peak_loads(scenario: Scenario) -> dict[str, float]:
+    """Per tier, the offered load of that tier and the more urgent ones, in busy slots per
+    slot of capacity, at its peak: the most work arriving in any window of 20 of the tier's
+    mean calls (at least 5 s, at most the span of all arrivals; each call sized on its
+    first candidate)."""
+    config = scenario.config
+    deployment = next(iter(config.models.values())).candidates[0]
+    capacity = sum(slots_of(config).values())
+    names = config.tier_names
+    sized: list[tuple[float, int, float]] = []
+    for c in scenario.calls:
+        tier = names.index(c.tier) if c.tier in names else config.classify.default_tier
+        output = min(c.output_tokens, c.max_tokens or c.output_tokens)
+        sized.append((c.t, tier, service_s(config, deployment, c.prompt_tokens, output)[1]))
+    span = max(c.t for c in scenario.calls) - min(c.t for c in scenario.calls)
+    out = {}
+    for t, name in enumerate(names):
+        mine = [s for _, tier, s in sized if tier == t]
+        if not mine:
+            out[name] = 0.0
+            continue
+        window = min(max(5.0, 20 * sum(mine) / len(mine)), span) or 1.0
+        work = [(at, s) for at, tier, s in sized if tier <= t]
+        out[name] = _peak(work, window) / (capacity * window)
+    return out
+
+
+def _peak(work: list[tuple[float, float]], window: float) -> float:
+    """The most work arriving within any ``window`` (a span shorter than it counts whole)."""
+    best = total = 0.0
+    start = 0
+    for end, (at, seconds) in enumerate(work):
+        total += seconds
+        while work[start][0] < at - window:
+            total -= work[start][1]
+            start += 1
+        del end
+        best = max(best, total)
+    return best
+
+
+def run(scenario: Scenario, disciplines: Sequence[str] = DISCIPLINES) -> Row:
+    started = time.perf_counter()
+    config, calls = scenario.config, scenario.calls
+    proxy = simulate(config, calls)
+    tiers, keys = [o.tier for o in proxy.outcomes], [o.key for o in proxy.outcomes]
+    sims = {"proxy": proxy, **{d: reference(config, calls, tiers, d, keys) for d in disciplines}}
+    row = Row(scenario, {name: summary(config, sim) for name, sim in sims.items()})
+    row.checks = checks(scenario, sims)
+    row.took_s = time.perf_counter() - started
+    return row
+
+
+def checks(scenario: Scenario, sims: dict[str, Simulation]) -> list[Check]:
+    proxy, fcfs, priority = sims["proxy"], sims["fcfs"], sims["priority"]
+    config = scenario.config
+    load = peak_loads(scenario)
+    out: list[Check] = []
+    busy = [t for t in config.tier_names if _waits(proxy, t)]
+    if busy:
+        top = busy[0]
+        mine, strict = _p(proxy, top, 0.99), _p(priority, top, 0.99)
+        bound = max(1.1 * strict, strict + EPSILON_S)
+        text = f"{top} p99 {mine:.2f} s, strict priority {strict:.2f} s"
+        first_come = _p(fcfs, top, 0.99)
+        ok = mine <= bound
+        if load[top] <= 1.0 and first_come >= 1.0:
+            text += f", FCFS {first_come:.2f} s ({mine / first_come:.2f}x)"
+            ok = ok and mine <= 0.15 * first_come
+        out.append(Check("urgent", ok, text))
+    floors = floor_check(config, proxy)
+    if floors is not None:
+        out.append(floors)
+    fitting = []
+    for tier in config.tier_names:
+        if load[tier] <= 0.9 and _waits(proxy, tier):
+            fitting.append((tier, _p(proxy, tier, 0.99), _p(fcfs, tier, 0.99)))
+    if fitting:
+        worst = max(fitting, key=lambda f: f[1] - f[2])
+        out.append(Check("fits", all(m <= f + EPSILON_S for _, m, f in fitting),
+                         f"{worst[0]} p99 {worst[1]:.2f} s, FCFS {worst[2]:.2f} s"))
+    if "wfq" in sims and (not _timeouts(sims["wfq"]) or not _timeouts(priority)):
+        missed = _timeouts(proxy)
+        out.append(Check("deadlines", not missed, f"{missed} timed out (wfq "
+                         f"{_timeouts(sims['wfq'])}, priority {_timeouts(priority)})"))
+    if not any(o.code for o in fcfs.outcomes):
+        ratio = proxy.makespan_s / fcfs.makespan_s if fcfs.makespan_s else 1.0
+        out.append(Check("makespan", ratio <= 1.02, f"{ratio:.3f}x FCFS"))
+    out += key_checks(scenario, proxy)
+    return out
+
+
+def key_checks(scenario: Scenario, proxy: Simulation) -> list[Check]:
+    out = []
+    if scenario.light_key is not None:
+        waits = sorted(o.wait_s for o in proxy.outcomes if o.key == scenario.light_key)
+        p90 = percentile(waits, 0.9)
+        out.append(Check("keys", p90 <= 1.5, f"{scenario.light_key} p90 {p90:.2f} s"))
+    if scenario.weighted_keys is not None:
+        heavy, light = scenario.weighted_keys
+        starts = sorted((o.done_at - o.service_s, o.key) for o in proxy.outcomes
+                        if o.code is None and o.key in (heavy, light))
+        # While both wait: until the first key's last call starts.
+        last = min(max(s for s, k in starts if k == heavy), max(s for s, k in starts if k == light))
+        served = {k: sum(1 for s, key in starts if key == k and s <= last) for k in (heavy, light)}
+        ratio = served[heavy] / max(served[light], 1)
+        out.append(Check("keys", 2.0 <= ratio <= 4.0,
+                         f"{heavy}:{light} served {served[heavy]}:{served[light]} "
+                         f"({ratio:.2f}x) while both waited"))
+    if scenario.low_within is not None:
+        tier, within = scenario.low_within
+        mine = [o for o in proxy.outcomes if o.tier == tier]
+        done = sum(1 for o in mine if o.code is None and o.done_at - o.arrived <= within)
+        out.append(Check("within", 2 * done >= len(mine),
+                         f"{done} of {len(mine)} {tier} calls served within {within:g} s"))
+    return out
+
+
+def floor_check(config: Config, sim: Simulation) -> Check | None:
+    """The ``floors`` bound over sliding windows (see the module's docstring)."""
+    served = [o for o in sim.outcomes if o.code is None and o.service_s > 0]
+    if not served:
+        return None
+    longest = max(o.service_s for o in served)
+    lag = LAG_CALLS * longest
+    window = 4 * lag
+    step = lag / 4
+    start = min(o.arrived for o in sim.outcomes)
+    end = max(o.done_at for o in sim.outcomes if not math.isnan(o.done_at))
+    bins = math.ceil((end - start) / step) + 1
+    names = config.tier_names
+    index = {n: i for i, n in enumerate(names)}
+    got = [[0.0] * bins for _ in names]  # slot-seconds served in each bin
+    waiting: list[list[tuple[float, float]]] = [[] for _ in names]
+    for o in sim.outcomes:
+        t = index.get(o.tier)
+        if t is None or math.isnan(o.wait_s):
+            continue
+        began = o.done_at - o.service_s if o.code is None else o.arrived + o.wait_s
+        waiting[t].append((o.arrived, began))
+        if o.code is None:
+            _spread(got[t], (began - start) / step, (o.done_at - start) / step, step)
+    backlogged = [_covered(spans, start, step, bins) for spans in waiting]
+    capacity = sum(slots_of(config).values())
+    size = round(window / step)
+    weights = sum(t.weight for t in config.tiers)
+    checked = 0
+    worst: tuple[float, str, float] | None = None  # (shortfall, tier, at)
+    for a in range(0, bins - size + 1):
+        total = sum(sum(g[a:a + size]) for g in got)
+        for t in range(len(names)):
+            if not config.tiers[t].weight or not all(backlogged[t][a:a + size]):
+                continue
+            checked += 1
+            share = config.tiers[t].weight / weights
+            floor = share * total - share * capacity * lag
+            short = floor - sum(got[t][a:a + size])
+            if worst is None or short > worst[0]:
+                worst = (short, names[t], start + a * step)
+    if not checked or worst is None:
+        return Check("floors", True, f"no window of {window:.1f} s with a tier waiting throughout")
+    short, tier, at = worst
+    return Check("floors", short <= 1e-9, f"{checked} windows of {window:.1f} s, lag "
+                 f"{lag:.1f} s; closest: {tier} at {at:.0f} s, "
+                 + (f"{-short:.1f} slot-s above" if short <= 0 else f"{short:.1f} slot-s short"))
+
+
+def _spread(bins: list[float], a: float, b: float, step: float) -> None:
+    """Add the service from bin position ``a`` to ``b`` to the bins it overlaps."""
+    i = int(a)
+    while i < b and i < len(bins):
+        bins[i] += (min(b, i + 1) - max(a, i)) * step
+        i += 1
+
+
+def _covered(spans: list[tuple[float, float]], start: float, step: float,
+             bins: int) -> list[bool]:
+    """Bins wholly inside the union of ``spans``."""
+    out = [False] * bins
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    for a, b in merged:
+        first = math.ceil((a - start) / step)
+        last = math.floor((b - start) / step)  # bins [first, last) lie inside
+        for i in range(max(first, 0), min(last, bins)):
+            out[i] = True
+    return out
+
+
+def table(rows: Sequence[Row]) -> str:
+    """One line a scenario: each bound's verdict, then the figures behind them."""
+    names = ("urgent", "floors", "fits", "deadlines", "makespan", "keys", "within")
+    lines = [f"{'scenario':<22}" + "".join(f"{n[:9]:>10}" for n in names)]
+    for row in rows:
+        verdicts: dict[str, bool] = {}
+        for c in row.checks:
+            verdicts[c.name] = verdicts.get(c.name, True) and c.ok
+        lines.append(f"{row.scenario.name:<22}" + "".join(
+            f"{'-' if n not in verdicts else 'ok' if verdicts[n] else 'FAIL':>10}"
+            for n in names))
+    return "\n".join(lines)
+
+
+def details(row: Row) -> str:
+    out = [f"{row.scenario.name}: {row.scenario.about} ({len(row.scenario.calls)} calls, "
+           f"{row.took_s:.2f} s)"]
+    out += [f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in row.checks]
+    return "\n".join(out)
