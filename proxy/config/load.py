@@ -236,7 +236,7 @@ def _tiers(root: Node) -> tuple[TierSpec, ...]:
             fail(f"{path}.name", f"duplicate tier {name!r}")
         tiers.append(TierSpec(
             name=name,
-            weight=node.number("weight", 1.0, positive=True),
+            weight=node.number("weight", 1.0),
             max_wait_s=node.number("max_wait_s", 120.0, positive=True),
             max_queue=node.optional_integer("max_queue", minimum=1),
             reserve=node.optional_integer("reserve"),
@@ -245,6 +245,17 @@ def _tiers(root: Node) -> tuple[TierSpec, ...]:
     if not tiers:
         fail("tiers", "must list at least one tier")
     return tuple(tiers)
+
+
+# Settings of the policy before weights were floors, and what took their place.
+RETIRED_SCHEDULER_KEYS = {
+    "headroom_scale": "the adaptive headroom is sized by scheduler.headroom_spread "
+                      "(mean + spread x sqrt(mean) busy slots; false turns it off)",
+    "quantum_s": "a tier's weight is now its floor (see tiers[].weight); urgency decides "
+                 "what the floors leave",
+    "lend_s": "floors are not lent any more, except to a more urgent call at risk of its "
+              "deadline (scheduler.rescue_fraction)",
+}
 
 
 def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
@@ -261,18 +272,21 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
         node.number("tier_promote_after_s", positive=True, allow_infinite=True)
         if node.raw("tier_promote_after_s") is not None else defaults.tier_promote_after_s
     )
+    for key, instead in RETIRED_SCHEDULER_KEYS.items():
+        if node.has(key):
+            fail(node.sub(key), f"is no longer a setting: {instead}")
+    spread = node.raw("headroom_spread")
     settings = SchedulerSettings(
         tiers=tiers,
         max_queue=node.integer("max_queue", defaults.max_queue, minimum=1),
         level_bounds_s=bounds,
         promote_after_s=promote,
         tier_promote_after_s=tier_promote,
-        headroom_scale=node.number("headroom_scale", defaults.headroom_scale),
+        headroom_spread=None if spread is False else node.number(
+            "headroom_spread", defaults.headroom_spread),
         headroom_horizon_s=node.number(
             "headroom_horizon_s", defaults.headroom_horizon_s, positive=True
         ),
-        quantum_s=node.number("quantum_s", defaults.quantum_s, positive=True),
-        lend_s=node.number("lend_s", defaults.lend_s),
         rescue_fraction=node.number("rescue_fraction", defaults.rescue_fraction, maximum=1.0),
     )
     node.check_unknown()

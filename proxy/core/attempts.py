@@ -190,7 +190,7 @@ class Attempts:
                 else spent if result.committed or verdict is ABANDONED else None)
         self.used = used
         self.engine.fleet.end(deployment, verdict, now, self._started, spent, used,
-                              result.retry_after_s)
+                              result.retry_after_s, ticket.beside)
         self.engine.scheduler.release(ticket, now, now - self._started)
         if succeeded or result.committed or verdict is ABANDONED:
             if succeeded:
@@ -280,7 +280,8 @@ class Attempts:
         ids = tuple(d.id for d in candidates)
         if self.ticket is None:
             self.ticket = Ticket(plan.tier, ids, estimate, size_s=size, ceiling=plan.ceiling,
-                                 max_wait_s=plan.deadline - now)
+                                 max_wait_s=plan.deadline - now, key=plan.caller,
+                                 key_weight=plan.caller_weight)
         else:
             self.ticket.candidates = ids
             self.ticket.est_service_s = estimate

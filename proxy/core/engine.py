@@ -133,7 +133,7 @@ class Engine:
             call=call, route=route, tier=tier, tier_name=self.tier_names[tier],
             ceiling=clamp_tier(principal.max_tier, tier),
             prompt_tokens=facts.prompt_tokens, output_tokens=cap if cap < output else output,
-            caller=principal.name, arrived=now,
+            caller=principal.name, caller_weight=principal.weight, arrived=now,
             deadline=now + self.settings.tiers[tier].max_wait_s,
         )
 

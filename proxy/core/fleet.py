@@ -170,9 +170,11 @@ class Fleet:
         return GO
 
     def end(self, deployment: Deployment, verdict: Verdict, now: float, started: float,
-            tokens: int, used: int | None, retry_after_s: float | None = None) -> None:
+            tokens: int, used: int | None, retry_after_s: float | None = None,
+            beside: int = 0) -> None:
         """What became of an attempt ``begin`` let go: health, capacity and buckets.
-        ``used`` is the tokens the upstream reported (None: unknown or nothing useful).
+        ``used`` is the tokens the upstream reported (None: unknown or nothing useful);
+        ``beside``: the other calls in flight on the provider when this one was sent.
         Call it before the attempt's slot is released, so its verdict shapes who gets the
         slot next."""
         breaker = self.breakers[deployment.id]
@@ -184,7 +186,7 @@ class Fleet:
             breaker.on_failure(now, started)
         elif verdict is THROTTLED:
             breaker.on_throttle(now, started)
-            self._throttle(deployment, now, retry_after_s)
+            self._throttle(deployment, now, retry_after_s, beside)
         else:
             breaker.on_abandon(now, started)
         if used is None:
@@ -192,13 +194,16 @@ class Fleet:
         else:
             self.limits[name].reconcile(tokens, used, now)
 
-    def _throttle(self, deployment: Deployment, now: float, retry_after_s: float | None) -> None:
+    def _throttle(self, deployment: Deployment, now: float, retry_after_s: float | None,
+                  beside: int) -> None:
         """A 429 with other calls still running is the provider's concurrency showing: the
-        limit comes down to what it bore, and the refused call waits for one of theirs to
-        finish. A 429 with nothing else running is a rate limit: the deployment pauses."""
+        limit comes down to what it bore when the call was sent (calls that ended since
+        were borne too: a late 429 of a burst must not cut below them), and the refused call
+        waits for one of theirs to finish. A 429 with nothing else running is a rate limit:
+        the deployment pauses."""
         name = deployment.provider
         others = self._scheduler.inflight(name) - 1  # the refused call still holds its slot
-        self._scheduler.cut(name, now, others)
+        self._scheduler.cut(name, now, max(others, beside))
         if others > 0:
             return
         streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1

@@ -3,16 +3,26 @@
 Calls cannot be preempted, so a short urgent call that arrives when every slot holds a long
 job waits for the next one to finish. Keeping a few slots free avoids that.
 
-- Adaptive (the default): the urgent tiers' recent offered load, an EWMA of arrivals x
-  estimated service seconds, is the number of slots they keep busy; times ``scale`` it is
-  what they should be able to hold. Slots they already run on count towards it, so only the
-  rest is kept free. A tier that has been quiet for a few of its usual gaps between
-  arrivals (at most a horizon) holds nothing: with no urgent work flowing, and as soon as
-  a burst is over, the reservation costs nothing.
+- Adaptive (the default): the urgent tiers' recent offered load ``a``, an EWMA of arrivals
+  x service seconds (estimated, corrected by what calls really took), is the number of
+  slots they keep busy on average. Poisson arrivals need more than the mean at any moment:
+  they are given ``a + spread * sqrt(a)`` slots (square-root staffing), counting those they
+  already run on, so only the rest is kept free. A tier that has been quiet for a few of
+  its usual gaps between arrivals (at most a horizon) holds nothing: with no urgent work
+  flowing, and as soon as a burst is over, the reservation costs nothing.
 - Fixed: a tier's ``reserve`` is a plain count of free slots, replacing its adaptive value.
 
-What is held against a tier is the largest hold of any more urgent tier, and never every
-slot of a provider: each tier can always use one.
+What is held against a tier is the largest hold of any more urgent set of tiers, at most
+those tiers' floors (their share of the slots, ``proxy.core.floors``, less what they run),
+so a hold never keeps a less urgent tier below its own floor; and never every slot of a
+provider: each tier can always use one.
+
+Holds cost capacity, so they have a budget: adaptive holds may leave at most
+``HOLD_BUDGET`` of a provider's slot-time idle while a call waits (an EWMA over
+``BUDGET_HORIZON_S``); past it they stop until the idle time decays under it. Where urgent
+calls refill the held slots at once (short, frequent calls), holds cost almost nothing and
+always apply; where urgent calls are rare beside long ones, they apply only as far as the
+budget goes. A fixed ``reserve`` is what the table says, whatever it costs.
 """
 
 from __future__ import annotations
@@ -26,18 +36,58 @@ _ROUND_DOWN = 0.05
 _LAPSE_MARGIN_S = 1e-6
 # A tier is quiet after this many of its mean gaps between arrivals without one.
 _QUIET_GAPS = 4.0
+# Adaptive holds may leave this fraction of a provider's slot-time idle while calls wait,
+# measured as an EWMA over BUDGET_HORIZON_S.
+HOLD_BUDGET = 0.015
+BUDGET_HORIZON_S = 30.0
 
 
 class Headroom:
-    def __init__(self, tiers: int, scale: float, horizon_s: float) -> None:
+    def __init__(self, tiers: int, spread: float | None, horizon_s: float,
+                 shares: Sequence[float]) -> None:
         self._tiers = tiers
-        self._scale = scale
+        self._spread = spread
         self._horizon = horizon_s
+        self.shares = list(shares)
         self._load: dict[str, list[float]] = {}
         self._rate: dict[str, list[float]] = {}
         self._stamp: dict[str, list[float]] = {}
         self._quiet: dict[str, list[float]] = {}
         self._unheard = [-math.inf] * tiers  # a provider with no arrival yet: quiet
+        self._idle: dict[str, list[float]] = {}  # [idle slot-seconds (EWMA), stamp, held]
+
+    def note_idle(self, provider: str, now: float, held: int) -> None:
+        """From ``now`` on, ``held`` free slots of ``provider`` are kept from waiting calls."""
+        state = self._idle.get(provider)
+        if state is None:
+            if not held:
+                return
+            state = self._idle[provider] = [0.0, now, 0.0]
+        elif not held and not state[2]:
+            return  # idle stays as it was, decaying from its stamp
+        state[0] = _idle_at(state, now)
+        state[1] = now
+        state[2] = float(held)
+
+    def budget_spent(self, provider: str, now: float, capacity: int) -> bool:
+        state = self._idle.get(provider)
+        return state is not None and _idle_at(state, now) >= (
+            HOLD_BUDGET * capacity * BUDGET_HORIZON_S)
+
+    def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
+        """When the slots held now would spend the budget (None: they never would)."""
+        state = self._idle.get(provider)
+        if state is None or not state[2]:
+            return None
+        budget = HOLD_BUDGET * capacity * BUDGET_HORIZON_S
+        steady = state[2] * BUDGET_HORIZON_S  # what holding them for ever tends to
+        idle = _idle_at(state, now)
+        if steady <= budget:
+            return None
+        if idle >= budget:
+            return now
+        return now + BUDGET_HORIZON_S * math.log((idle - steady) / (budget - steady)) + (
+            _LAPSE_MARGIN_S)
 
     def record(self, provider: str, tier: int, service_s: float, now: float) -> None:
         """A call of ``tier`` that will most likely run on ``provider`` arrived."""
@@ -103,24 +153,27 @@ class Headroom:
     def held_against(self, provider: str, tier: int, now: float, fixed: Sequence[int | None],
                      running: Sequence[int], capacity: int) -> int:
         """The free slots of ``provider`` that ``tier`` must leave alone: the largest hold
-        of any more urgent tier, never every slot."""
+        of any more urgent set of tiers, never every slot."""
         ceiling = capacity - 1
         if not tier or ceiling <= 0:
             return 0
         quiets = self._quiet.get(provider, self._unheard)
         loads, stamps = self._load.get(provider, quiets), self._stamp.get(provider, quiets)
-        load = 0.0
+        shares = self.shares
+        adaptive = self._spread is not None and not self.budget_spent(provider, now, capacity)
+        load = share = 0.0
         busy = 0
         held = 0
         for urgent in range(tier):
             if now < quiets[urgent]:  # as _decayed: a quiet tier's load is 0
                 load += loads[urgent] * math.exp(-(now - stamps[urgent]) / self._horizon)
             busy += running[urgent]
+            share += shares[urgent]
             fixed_hold = fixed[urgent]
             if fixed_hold is not None:
                 hold = fixed_hold
-            elif load:  # no recent load holds nothing (_hold's own answer, sooner)
-                hold = self._hold(None, load, busy)
+            elif load and adaptive:  # no recent load holds nothing (_hold's answer, sooner)
+                hold = self._hold(None, load, busy, share * capacity)
             else:
                 continue
             if hold > held:
@@ -136,30 +189,46 @@ class Headroom:
         if max(capacity - 1, 0) <= target:
             return now
         latest = now
-        load = 0.0
+        load = share = 0.0
         busy = 0
         cutoff = math.inf
+        spread = self._spread or 0.0
         for j in range(tier):
             own = self.offered(provider, j, now)
             load += own
             busy += running[j]
+            share += self.shares[j]
             if own > 0:
                 cutoff = min(cutoff, self._quiet[provider][j])
-            if self._hold(fixed[j], load, busy) <= target:
+            if self._hold(fixed[j], load, busy, share * capacity) <= target:
                 continue
             if fixed[j] is not None:
                 return None
-            enough = (target + busy + _ROUND_DOWN) / self._scale
-            decay = self._horizon * math.log(load / enough)
+            # The load at which a + spread * sqrt(a) rounds to target + busy slots.
+            room = target + busy + _ROUND_DOWN
+            root = (-spread + math.sqrt(spread * spread + 4 * room)) / 2
+            decay = self._horizon * math.log(load / (root * root))
             latest = max(latest, min(now + decay + _LAPSE_MARGIN_S, cutoff))
         return latest
 
-    def _hold(self, fixed: int | None, load: float, busy: int) -> int:
+    def _hold(self, fixed: int | None, load: float, busy: int, floor_slots: float) -> int:
         if fixed is not None:
             return fixed
-        return max(0, math.ceil(self._scale * load - _ROUND_DOWN) - busy)
+        spread = self._spread
+        if spread is None:
+            return 0
+        need = math.ceil(load + spread * math.sqrt(load) - _ROUND_DOWN)
+        most = int(floor_slots + 1e-9)
+        return max(0, (most if most < need else need) - busy)
 
     def _decayed(self, value: float, stamp: float, quiet: float, now: float) -> float:
         if now >= quiet:  # lapse_time wakes up at exactly this instant
             return 0.0
         return value * math.exp(-(now - stamp) / self._horizon)
+
+
+def _idle_at(state: list[float], now: float) -> float:
+    """The EWMA of idle slot-seconds at ``now``: what it was at its stamp, decayed, plus
+    what the slots held since then added."""
+    decay = math.exp(-(now - state[1]) / BUDGET_HORIZON_S)
+    return state[0] * decay + state[2] * BUDGET_HORIZON_S * (1.0 - decay)

@@ -19,6 +19,7 @@ class Plan:
     caller: str  # the principal's name
     arrived: float
     deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
+    caller_weight: float = 1.0  # its share of the tier beside the tier's other keys
 
     @property
     def tokens(self) -> int:

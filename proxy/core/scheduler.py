@@ -9,7 +9,8 @@ adaptive concurrency limit are all capacity it sees, so a call waits for them in
 place instead of failing.
 
 The policy (``proxy.core.policy``) picks, for each free slot of a provider, among the
-calls that may use it. Deadlines are exact: a queued call past its deadline is refused
+calls that may use it: a tier owed its floor (``proxy.core.floors``), else the most urgent
+tier, and within a tier by level and by key (``proxy.core.keys``). Deadlines are exact: a queued call past its deadline is refused
 (``queue_timeout``) on time, however it entered the queue. The queue is bounded: past a
 tier's or the total bound, a more urgent arrival evicts the latest arrival of the least
 urgent tier (``evicted``); otherwise it is refused (``queue_full``).
@@ -27,8 +28,10 @@ import math
 from collections.abc import Mapping, Sequence
 
 from .capacity import Capacity, Gate, Pool, all_down, first_open
+from .floors import Floors
 from .generations import TierMaps
 from .headroom import Headroom
+from .keys import KeyTags
 from .policy import HOLD_PATIENCE, Policy
 from .scheduler_queues import TicketQueues
 from .scheduler_types import (
@@ -46,7 +49,11 @@ from .scheduler_types import (
     TicketState,
     TierSpec,
 )
-from .sharing import FairShare
+
+# A call waits at most this fraction of its tier's max_wait_s at a level before it moves up
+# one (or promote_after_s, if that is sooner): shorter calls go first, but a long call of an
+# urgent tier is not kept waiting long behind them.
+LEVEL_AGING = 0.02
 
 __all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
            "SchedulerSettings", "Ticket", "TicketState", "TierSpec"]
@@ -77,14 +84,19 @@ class Scheduler:
         count = len(settings.tiers)
         promote = settings.tier_promote_after_s
         self._queues = TicketQueues(
-            count, settings.levels, settings.promote_after_s,
+            count, settings.levels,
+            [[min(after, LEVEL_AGING * t.max_wait_s) for after in settings.promote_after_s]
+             for t in settings.tiers],
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
             self._capacity.gates_by_pool,
         )
-        self._headroom = Headroom(count, settings.headroom_scale, settings.headroom_horizon_s)
-        self._share = FairShare([t.weight for t in settings.tiers])
-        self._policy = Policy(settings, self._queues, self._share, self._headroom)
+        weights = [t.weight for t in settings.tiers]
+        self._floors = Floors(weights)
+        self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
+                                  self._floors.shares)
+        self._keys = KeyTags(count)
+        self._policy = Policy(settings, self._queues, self._floors, self._headroom)
 
     def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
                     deployments: Mapping[str, str], tier_map: Sequence[int],
@@ -104,6 +116,9 @@ class Scheduler:
         self._tier_maps.add(tier_map)
         for ticket in [*queued, *self._running]:
             self._tier_maps.bring_up(ticket, settings.levels)
+        for ticket in sorted(queued, key=lambda t: (t.tag, t.order)):  # their virtual starts
+            ticket.tag = self._keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
+                                           ticket.est_service_s)  # anew, in the same order
         self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
             self._capacity.set_max(name, limit, now)
@@ -134,6 +149,8 @@ class Scheduler:
         if first:
             ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
                           self._tiers[ticket.tier].max_wait_s)
+            ticket.tag = self._keys.arrive(ticket.tier, ticket.key, ticket.key_weight,
+                                           ticket.est_service_s)
             likely = first_open(gates, now).pool.name
             self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
         ticket.state = QUEUED
@@ -167,8 +184,8 @@ class Scheduler:
 
     def release(self, ticket: Ticket, now: float, service_s: float | None = None) -> None:
         """The slot a ticket holds came back; ``service_s`` (how long it held it, if known)
-        corrects its tier's fair share and the headroom's load, and feeds the provider's
-        mean service time. The ticket may then be submitted again."""
+        corrects its tier's floor, its key's share and the headroom's load, and feeds the
+        provider's mean service time. The ticket may then be submitted again."""
         self._release(ticket, now, service_s, used=True)
 
     def give_back(self, ticket: Ticket, now: float) -> None:
@@ -193,11 +210,13 @@ class Scheduler:
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
             delta = service_s - ticket.charged_s
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
-            self._policy.served(pool.name, ticket.tier, service_s)
-        self._share.charge(ticket.current_tier, delta)
+            self._policy.served(pool.name, service_s)
+        if delta:
+            tier = ticket.current_tier
+            self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
+                               self._policy.unit(pool))
+            self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
         self._fill(pool, now)
-        if delta:  # the share moved, so another provider's choice may have changed too
-            self._fill_all(now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
@@ -277,11 +296,11 @@ class Scheduler:
         new_reserves = [
             (reserves or {}).get(i, spec.reserve) for i, spec in enumerate(self._tiers)
         ]
-        if any(not w > 0 for w in new_weights):
-            raise ValueError("weights must be positive")
+        if any(not w >= 0 for w in new_weights):
+            raise ValueError("weights must not be negative")
         if any(r is not None and r < 0 for r in new_reserves):
             raise ValueError("reserves must not be negative")
-        self._share.weights = new_weights
+        self._policy.set_weights(new_weights)
         self._policy.set_reserves(new_reserves)
         self._fill_all(now)
 
@@ -317,10 +336,11 @@ class Scheduler:
         return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
-        tiers = [{"name": spec.name, "weight": self._share.weights[i],
+        tiers = [{"name": spec.name, "weight": self._floors.weights[i],
                   **self._queues.snapshot(i, now)} for i, spec in enumerate(self._tiers)]
         providers = {
             name: {**pool.snapshot(now), "held_back": self._policy.held(pool, now),
+                   "floor_credit_s": self._floors.snapshot(name),
                    "mean_service_s": self._policy.mean_service(name)}
             for name, pool in self._pools.items()
         }
@@ -334,16 +354,19 @@ class Scheduler:
 
     def _fill(self, pool: Pool, now: float) -> None:
         """Hand out free slots of ``pool`` while an eligible ticket waits."""
-        if not self._queues.queued or pool.free(now) <= 0:
-            return
-        self._catch_up(now)
-        while self._queues.queued and pool.free(now) > 0:
-            chosen = self._policy.choose(pool, now)
-            if chosen is None:
-                return
-            ticket, gate = chosen
-            self._queues.discard(ticket, DISPATCHED)
-            self._dispatch(ticket, gate, now)
+        held = 0
+        if self._queues.queued and pool.free(now) > 0:
+            self._catch_up(now)
+            while self._queues.queued and pool.free(now) > 0:
+                chosen = self._policy.choose(pool, now)
+                if chosen is None:
+                    if self._policy.holding:
+                        held = pool.free(now)
+                    break
+                ticket, gate = chosen
+                self._queues.discard(ticket, DISPATCHED)
+                self._dispatch(ticket, gate, now)
+        self._headroom.note_idle(pool.name, now, held)
 
     def _dispatch(self, ticket: Ticket, gate: Gate, now: float) -> None:
         pool = gate.pool
@@ -353,16 +376,20 @@ class Scheduler:
         ticket.waited_s += now - ticket.queued_at
         ticket.deployment = gate.id
         ticket.pool = pool.name
+        ticket.beside = pool.inflight
         pool.inflight += 1
         gate.inflight += 1
         pool.running[tier] += 1
         self._running[ticket] = None
-        ticket.charged_s = self._policy.claim(pool.name, ticket)
-        self._share.charge(tier, ticket.charged_s)
+        ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
+        if self._queues.queued:  # floors only move while calls wait
+            self._floors.serve(pool.name, tier, charged, self._queues.counts(pool.name),
+                               self._policy.unit(pool))
+        self._keys.started(tier, ticket.tag)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
-        self._queues.promote_tiers(now)
+        self._queues.promote_tiers(now, self._keys.virtual)
         self._queues.age(now)
 
     # --- bookkeeping --------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Where waiting tickets live: heaps with lazy removal, so every question is cheap.
 
-- Lanes, one per (tier, level, candidate tuple): heaps ordered by arrival, so within a
-  level the oldest call goes first, and a call that comes back (a re-try) goes back to
-  its place among later arrivals instead of the tail.
+- Lanes, one per (tier, level, candidate tuple): heaps ordered by the calls' virtual
+  starts (``proxy.core.keys``; arrival order for one key), and a call that comes back (a
+  re-try) goes back to its place instead of the tail.
 - One heap each for level aging, tier promotion and deadlines, ordered by when they fall
   due, so expiry is exact whatever order calls entered in.
 - Per tier, the newest arrival first (the eviction victim).
@@ -44,14 +44,14 @@ class Lane:
         self.level = level
         self.candidates = candidates
         self.gates = gates  # per pool, the candidates' gates in preference order
-        self.heap: list[tuple[int, int, Ticket]] = []
+        self.heap: list[tuple[float, int, int, Ticket]] = []
         self.due: list[Entry] = []
 
     def head(self) -> Ticket | None:
-        """The oldest arrival."""
+        """The earliest virtual start (of one key: the oldest arrival)."""
         heap = self.heap
         while heap:
-            _, epoch, ticket = heap[0]
+            _, _, epoch, ticket = heap[0]
             if ticket.epoch == epoch and ticket.state is QUEUED:
                 return ticket
             heapq.heappop(heap)
@@ -72,11 +72,13 @@ GateResolver = Callable[[tuple[str, ...]], dict[str, tuple[Gate, ...]]]
 
 
 class TicketQueues:
-    def __init__(self, tiers: int, levels: int, promote_after_s: Sequence[float],
+    def __init__(self, tiers: int, levels: int, promote_after_s: Sequence[Sequence[float]],
                  tier_promote_after_s: Sequence[float], resolve: GateResolver) -> None:
+        """``promote_after_s[tier][level]``: how long a call waits at a level of a tier
+        before it moves up one."""
         self._tiers = tiers
         self._levels = levels
-        self._promote_after = tuple(promote_after_s)
+        self._promote_after = tuple(tuple(p) for p in promote_after_s)
         self._tier_promote_after = tuple(tier_promote_after_s)
         self._resolve = resolve
         self._lanes: dict[tuple[int, int, tuple[str, ...]], Lane] = {}
@@ -106,6 +108,11 @@ class TicketQueues:
         """Queued tickets of ``tier`` that ``pool`` could serve."""
         counts = self._pool_count.get(pool)
         return 0 if counts is None else counts[tier]
+
+    def counts(self, pool: str) -> list[int]:
+        """Queued tickets per tier that ``pool`` could serve."""
+        counts = self._pool_count.get(pool)
+        return [0] * self._tiers if counts is None else counts
 
     def pool_seconds(self, pool: str, tier: int) -> float:
         """Estimated service seconds of the queued tickets of ``tier`` ``pool`` could serve."""
@@ -146,9 +153,9 @@ class TicketQueues:
                 continue
             self._move(ticket, ticket.current_tier, ticket.level - 1, due)
 
-    def promote_tiers(self, now: float) -> None:
+    def promote_tiers(self, now: float, virtual: Sequence[float]) -> None:
         """Move every ticket that waited long enough in its own tier up one tier, once, and
-        never above its ceiling."""
+        never above its ceiling; it starts there at the tier's virtual time ``virtual``."""
         heap = self._promotions
         while heap and heap[0][0] <= now:
             _, _, visit, ticket = heapq.heappop(heap)
@@ -157,6 +164,7 @@ class TicketQueues:
                     or ticket.promoted or ticket.current_tier <= ticket.ceiling):
                 continue
             ticket.promoted = True
+            ticket.tag = virtual[ticket.current_tier - 1]
             self._move(ticket, ticket.current_tier - 1, ticket.level, ticket.entered_level)
 
     def next_tier_promotion(self) -> float:
@@ -227,13 +235,13 @@ class TicketQueues:
         tier, level = ticket.current_tier, ticket.level
         ticket.epoch += 1
         lane = self._lane(tier, level, ticket.candidates)
-        heapq.heappush(lane.heap, (ticket.order, ticket.epoch, ticket))
+        heapq.heappush(lane.heap, (ticket.tag, ticket.order, ticket.epoch, ticket))
         heapq.heappush(lane.due, (ticket.deadline, ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._newest[tier], (-ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._due[tier], (ticket.deadline, ticket.order, ticket.epoch, ticket))
         self._entries += 4
         if level > 0:
-            due = ticket.entered_level + self._promote_after[level]
+            due = ticket.entered_level + self._promote_after[tier][level]
             if math.isfinite(due):
                 heapq.heappush(self._aging, (due, ticket.order, ticket.epoch, ticket))
                 self._entries += 1
@@ -279,8 +287,8 @@ class TicketQueues:
     def _compact(self) -> None:
         """Rebuild every heap from the live tickets."""
         for lane in self._lanes.values():
-            lane.heap = [(t.order, e, t) for _, e, t in lane.heap
-                         if t.epoch == e and t.state is QUEUED]
+            lane.heap = [entry for entry in lane.heap
+                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
             heapq.heapify(lane.heap)
             lane.due = [entry for entry in lane.due
                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]

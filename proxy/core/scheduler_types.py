@@ -18,8 +18,11 @@ from .value import value
 
 @dataclass(frozen=True)
 class TierSpec:
-    """One priority tier. ``reserve`` is the fixed number of slots per provider that less
-    urgent tiers may not take from this tier and the more urgent ones; None = adaptive."""
+    """One priority tier. ``weight`` is its floor: while it has calls waiting it is served
+    at least ``weight / (sum of all weights)`` of each provider's slot-seconds (0: a
+    background tier, served only what the others leave). ``reserve`` is the fixed number of
+    free slots per provider that less urgent tiers must leave to this tier and the more
+    urgent ones; None = adaptive."""
 
     name: str
     weight: float = 1.0
@@ -40,19 +43,15 @@ class SchedulerSettings:
       sustained overload the levels do not all drain into level 0 and turn into FCFS.
     - ``tier_promote_after_s``: total wait after which a call moves up one tier, once; only
       tiers whose ``max_wait_s`` is longer ever reach it. None: never.
-    - ``headroom_scale``: times the recent offered load of the more urgent tiers (busy
-      slots, an EWMA over ``headroom_horizon_s``), the slots per provider they can always
-      get, counting those they already run on (``proxy.headroom``). 0: no adaptive headroom.
-    - ``quantum_s``: how far, in slot-seconds per unit of weight, a tier may run ahead of the
-      most under-served waiting tier and still be chosen by urgency rather than fair share.
-    - ``lend_s``: how far, in the same unit, a tier may fall behind its share by yielding
-      its turns to more urgent tiers whose calls have used more of their ``max_wait_s``.
+    - ``headroom_spread``: the adaptive headroom keeps free, for the tiers more urgent than
+      a call, the slots their recent demand needs: its mean busy slots ``a`` plus
+      ``headroom_spread`` times ``sqrt(a)`` (square-root staffing), less those they run
+      (``proxy.core.headroom``); an EWMA over ``headroom_horizon_s``. None: no adaptive
+      headroom (fixed ``reserve`` only).
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
-      left is *at risk*: it goes before shorter, later calls of its tier, and its tier is
-      lent turns by less urgent tiers that are not at risk themselves.
-
-    The defaults were chosen on fake-clock replays of the Azure conversation trace at 1.2x
-    overload (28 slots) and of random workloads (``tests/test_guarantees.py``).
+      left is *at risk*: it goes before shorter, later calls of its tier, and it may take a
+      slot that a less urgent tier's floor is owed while that tier is owed little and has
+      no call at risk itself (``proxy.core.floors``).
     """
 
     tiers: tuple[TierSpec, ...]
@@ -60,10 +59,8 @@ class SchedulerSettings:
     level_bounds_s: tuple[float, ...] = (1.0, 5.0, 30.0)
     promote_after_s: tuple[float, ...] = (math.inf, 50.0, 300.0, 600.0)
     tier_promote_after_s: float | None = None
-    headroom_scale: float = 0.5
+    headroom_spread: float | None = 1.0
     headroom_horizon_s: float = 30.0
-    quantum_s: float = 5.0
-    lend_s: float = 100.0
     rescue_fraction: float = 0.25
 
     def __post_init__(self) -> None:
@@ -72,8 +69,8 @@ class SchedulerSettings:
         if len({t.name for t in self.tiers}) != len(self.tiers):
             raise ValueError("tiers: names must be unique")
         for i, tier in enumerate(self.tiers):
-            if not tier.weight > 0 or not math.isfinite(tier.weight):
-                raise ValueError(f"tiers[{i}].weight: must be a positive number")
+            if not tier.weight >= 0 or not math.isfinite(tier.weight):
+                raise ValueError(f"tiers[{i}].weight: must be a number >= 0")
             if not tier.max_wait_s > 0:
                 raise ValueError(f"tiers[{i}].max_wait_s: must be positive")
             if tier.max_queue is not None and tier.max_queue < 1:
@@ -91,14 +88,11 @@ class SchedulerSettings:
             raise ValueError("promote_after_s: must be positive")
         if self.tier_promote_after_s is not None and not self.tier_promote_after_s > 0:
             raise ValueError("tier_promote_after_s: must be positive")
-        if not self.headroom_scale >= 0:
-            raise ValueError("headroom_scale: must not be negative")
+        spread = self.headroom_spread
+        if spread is not None and not (spread >= 0 and math.isfinite(spread)):
+            raise ValueError("headroom_spread: must be a number >= 0")
         if not self.headroom_horizon_s > 0:
             raise ValueError("headroom_horizon_s: must be positive")
-        if not self.quantum_s > 0:
-            raise ValueError("quantum_s: must be positive")
-        if not self.lend_s >= 0:
-            raise ValueError("lend_s: must not be negative")
         if not 0 <= self.rescue_fraction <= 1:
             raise ValueError("rescue_fraction: must be between 0 and 1")
 
@@ -135,7 +129,8 @@ class Ticket:
     tier's fair share and the headroom and corrected by the real service time at release;
     ``size_s`` is a stable measure of the call's size that picks its level (default: the
     estimate), so identical calls always join the same level. ``ceiling`` is the most
-    urgent tier aging may move the call into.
+    urgent tier aging may move the call into. ``key`` is the caller, which shares its
+    tier with the tier's other keys by ``key_weight`` (``proxy.core.keys``).
     """
 
     tier: int
@@ -145,16 +140,20 @@ class Ticket:
     ceiling: int = 0
     payload: object = None
     max_wait_s: float | None = None  # shorter than the tier's, e.g. what a caller allows
+    key: str = ""
+    key_weight: float = 1.0
     state: TicketState = field(init=False, default=NEW)
     current_tier: int = field(init=False, default=0)
     level: int = field(init=False, default=0)
     arrived: float = field(init=False, default=math.nan)
     deadline: float = field(init=False, default=math.nan)
     dispatched_at: float = field(init=False, default=math.nan)
+    beside: int = field(init=False, default=0)  # other calls on its provider when it got a slot
     deployment: str | None = field(init=False, default=None)  # the gate it went through
     pool: str | None = field(init=False, default=None)
     entered_level: float = field(init=False, default=math.nan)
-    order: int = field(init=False, default=-1)  # arrival order: FIFO key, kept on re-queue
+    order: int = field(init=False, default=-1)  # arrival order, kept on re-queue
+    tag: float = field(init=False, default=0.0)  # its key's virtual start: the queue's order
     epoch: int = field(init=False, default=0)  # bumped on every move; older entries are stale
     visit: int = field(init=False, default=0)  # bumped on every pass through the queue
     promoted: bool = field(init=False, default=False)  # moved up a tier (once)
@@ -189,6 +188,8 @@ class Ticket:
         for number in (self.est_service_s, self.size_s):
             if number is not None and (not number >= 0 or not math.isfinite(number)):
                 raise ValueError("est_service_s and size_s must be finite and non-negative")
+        if not self.key_weight > 0 or not math.isfinite(self.key_weight):
+            raise ValueError("key_weight must be a positive number")
 
     @property
     def wait_s(self) -> float:

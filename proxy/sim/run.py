@@ -141,6 +141,7 @@ class _Replay:
                              inflight={p: [] for p in config.providers})
         self._next_sample = math.nan
         self._rng = random.Random(0)  # the same faults on every run
+        self._serving = dict.fromkeys(config.providers, 0)  # calls a provider accepted
 
     def at(self, when: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
@@ -236,14 +237,18 @@ class _Replay:
         self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
         result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
                         completion_tokens=output, ttft_s=ttft)
-        self.at(now + took, lambda t: self._do(attempts, attempts.finished(result, t), row,
-                                               outcome, t))
+        self._serving[deployment.provider] += 1
+
+        def done(t: float) -> None:
+            self._serving[deployment.provider] -= 1
+            self._do(attempts, attempts.finished(result, t), row, outcome, t)
+
+        self.at(now + took, done)
 
     def _refusal(self, timing: SimSettings, provider: str) -> Result | None:
-        """A 429 past the provider's ``capacity`` (the call itself already counted in
-        flight), or a 500 at its ``error_rate``; None: it answers."""
-        if timing.capacity is not None and self.engine.scheduler.inflight(
-                provider) > timing.capacity:
+        """A 429 past the provider's ``capacity`` (the calls it is serving; one it refused
+        is not among them), or a 500 at its ``error_rate``; None: it answers."""
+        if timing.capacity is not None and self._serving[provider] >= timing.capacity:
             return Result(Verdict.THROTTLED, status=429)
         if timing.error_rate and self._rng.random() < timing.error_rate:
             return Result(Verdict.FAILURE, status=500)

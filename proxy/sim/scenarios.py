@@ -204,11 +204,11 @@ def conversation(slots: int, mix: str) -> Scenario:
 def code(slots: int, mix: str) -> Scenario:
     """A code-completion shape (long prompts, short answers, bursts of a few seconds):
     prompts lognormal around 2,000 tokens, answers around 30, at about 1.2x of ``slots``,
-    for about 1,000 calls."""
+    for about 2,500 calls."""
     rng = random.Random(slots)
     rows: list[TraceCall] = []
     mean_s = 0.2 + 2000 / 10_000 + 40 / 40
-    t, duration = 0.0, min(300.0, 1200.0 / slots)
+    t, duration = 0.0, min(750.0, 3000.0 / slots)
     while t < duration:
         burst = rng.randint(1, 6)
         for _ in range(burst):
@@ -240,7 +240,7 @@ def bursts() -> Scenario:
 
 
 def heavy_tail() -> Scenario:
-    """8 slots at 1.2x for 120 s, sizes Pareto (alpha 1.3, 0.3 s up to 120 s), 10/20/40/30 %."""
+    """8 slots at 1.2x for 300 s, sizes Pareto (alpha 1.3, 0.3 s up to 120 s), 10/20/40/30 %."""
     rng = random.Random(11)
 
     def pareto() -> float:
@@ -248,19 +248,19 @@ def heavy_tail() -> Scenario:
 
     mean = sum(pareto() for _ in range(20_000)) / 20_000
     rate = 1.2 * 8 / mean
-    calls = flows(rng, [(tier, share * rate, pareto) for tier, share in MIX_B], 0.0, 120.0)
+    calls = flows(rng, [(tier, share * rate, pareto) for tier, share in MIX_B], 0.0, 300.0)
     return Scenario("heavy-tail", "8 slots at 1.2x, Pareto sizes (0.3 s to 120 s)", config(8),
                     tuple(calls))
 
 
 def lying_estimates() -> Scenario:
-    """6 slots at 1.2x for 60 s: the low tier's calls ask for 40x the tokens they produce
+    """6 slots at 1.2x for 150 s: the low tier's calls ask for 40x the tokens they produce
     (a generous max_tokens), normal's claim nothing (no max_tokens: the learned average)."""
     rng = random.Random(13)
     size = lognormal(rng, 1.0, 0.7, 8.0)
     out: list[TraceCall] = []
     for tier, rate in (("critical", 1.2), ("high", 1.2), ("normal", 2.4), ("low", 2.4)):
-        for t in poisson(rng, rate, 0.0, 60.0):
+        for t in poisson(rng, rate, 0.0, 150.0):
             c = call(t, size(), tier)
             if tier == "low":
                 c = TraceCall(c.t, 0, c.output_tokens, tier=tier, max_tokens=40 * c.output_tokens)
@@ -272,10 +272,10 @@ def lying_estimates() -> Scenario:
 
 
 def throttled() -> Scenario:
-    """A provider configured for 16 slots that answers 429 past 6 (1.2x of 6 for 60 s)."""
+    """A provider configured for 16 slots that answers 429 past 6 (1.2x of 6 for 150 s)."""
     rng = random.Random(17)
     size = lognormal(rng, 1.0, 0.6, 6.0)
-    calls = flows(rng, [(tier, share * 1.2 * 6, size) for tier, share in MIX_B], 0.0, 60.0)
+    calls = flows(rng, [(tier, share * 1.2 * 6, size) for tier, share in MIX_B], 0.0, 150.0)
     timing: dict[str, object] = {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S, "capacity": 6}
     return Scenario("throttled", "16 slots configured, 429 past 6, at 1.2x of 6",
                     config(16, timing=timing), tuple(calls))

@@ -1,0 +1,81 @@
+"""Floors: each tier's guaranteed share of every provider's slot-seconds.
+
+A tier of weight ``w`` is guaranteed ``w / W`` (``W`` the sum of every tier's weight) of
+the slot-seconds a provider serves while the tier has calls waiting for it. Each provider
+keeps a *credit* per tier, in slot-seconds: whenever the provider starts a call, every tier
+with calls waiting for it earns its share of that call's charge, and the tier of the call
+pays the whole charge (corrected by what the call really took when its slot comes back).
+The credit never falls below zero and drops to zero when the tier stops waiting, so it is
+the largest shortfall of any window that ends now and in which the tier waited throughout:
+being served above the floor by urgency, or idling, banks nothing.
+
+A tier is *owed* once its credit reaches one longest call of its floor (``share x slots x
+the longest recent service time``); the policy then gives it the next free slot before
+urgency decides (``proxy.core.policy``). So in any window in which a tier waits throughout,
+it is served its share of what was served, less that share of the slots for about two
+longest calls (one to become owed, one for a slot to free). Time alone changes no credit,
+so floors never need a wake-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Credit is kept below this many longest calls of the floor (a tier that cannot be served
+# for a while must not then take every slot for a long time).
+CAP_CALLS = 2.0
+
+
+class Floors:
+    def __init__(self, weights: Sequence[float]) -> None:
+        self.weights = list(weights)
+        self._credit: dict[str, list[float]] = {}
+
+    @property
+    def weights(self) -> list[float]:
+        return self._weights
+
+    @weights.setter
+    def weights(self, weights: Sequence[float]) -> None:
+        total = sum(weights)
+        self._weights = list(weights)
+        self.shares = [w / total if total else 0.0 for w in weights]
+
+    def credit(self, pool: str) -> list[float]:
+        found = self._credit.get(pool)
+        if found is None:
+            found = self._credit[pool] = [0.0] * len(self._weights)
+        return found
+
+    def serve(self, pool: str, tier: int, seconds: float, waiting: Sequence[int],
+              unit: float) -> None:
+        """``pool`` served (or, negative, gave back) ``seconds`` to ``tier`` while the tiers
+        with a nonzero ``waiting`` count waited for it; ``unit`` is one longest call on
+        every slot of the provider, the scale of the cap."""
+        credit = self.credit(pool)
+        shares = self.shares
+        for t, count in enumerate(waiting):
+            share = shares[t]
+            if not share:
+                continue
+            value = credit[t]
+            if count:
+                value += share * seconds
+            else:
+                value = 0.0  # it stopped waiting: no banked credit
+            if t == tier:
+                value -= seconds
+            cap = CAP_CALLS * share * unit
+            credit[t] = cap if value > cap else 0.0 if value < 0.0 else value
+
+    def owed(self, pool: str, tier: int, unit: float) -> float:
+        """How many longest calls of its floor ``tier`` is behind on ``pool`` (at least 1:
+        owed)."""
+        share = self.shares[tier]
+        if not share or unit <= 0.0:
+            return 0.0
+        credit = self._credit.get(pool)
+        return 0.0 if credit is None else credit[tier] / (share * unit)
+
+    def snapshot(self, pool: str) -> list[float]:
+        return [round(c, 3) for c in self._credit.get(pool, [0.0] * len(self._weights))]
