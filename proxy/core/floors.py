@@ -9,20 +9,20 @@ The credit never falls below zero and drops to zero when the tier stops waiting,
 the largest shortfall of any window that ends now and in which the tier waited throughout:
 being served above the floor by urgency, or idling, banks nothing.
 
-A tier is *owed* once its credit reaches one longest call of its floor (``share x slots x
-the longest recent service time``); the policy then gives it the next free slot before
-urgency decides (``proxy.core.policy``). So in any window in which a tier waits throughout,
-it is served its share of what was served, less that share of the slots for about two
-longest calls (one to become owed, one for a slot to free). Time alone changes no credit,
-so floors never need a wake-up.
+A tier is *owed* once its credit reaches one longest call (the longest recent service
+time; a call cannot be served in parts, so a floor is kept call by call); the policy then
+gives it the next free slot before urgency decides (``proxy.core.policy``). So in any
+window in which a tier waits throughout, it is served at least its share of what was
+served there, less about two longest calls (one to become owed, one for a slot to free).
+Time alone changes no credit, so floors never need a wake-up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Credit is kept below this many longest calls of the floor (a tier that cannot be served
-# for a while must not then take every slot for a long time).
+# Credit is kept below this many longest calls (a tier that cannot be served for a while
+# must not then take every slot for a long time).
 CAP_CALLS = 2.0
 
 
@@ -50,10 +50,11 @@ class Floors:
     def serve(self, pool: str, tier: int, seconds: float, waiting: Sequence[int],
               unit: float) -> None:
         """``pool`` served (or, negative, gave back) ``seconds`` to ``tier`` while the tiers
-        with a nonzero ``waiting`` count waited for it; ``unit`` is one longest call on
-        every slot of the provider, the scale of the cap."""
+        with a nonzero ``waiting`` count waited for it; ``unit`` is one longest call, the
+        scale of the cap."""
         credit = self.credit(pool)
         shares = self.shares
+        cap = CAP_CALLS * unit
         for t, count in enumerate(waiting):
             share = shares[t]
             if not share:
@@ -65,17 +66,15 @@ class Floors:
                 value = 0.0  # it stopped waiting: no banked credit
             if t == tier:
                 value -= seconds
-            cap = CAP_CALLS * share * unit
             credit[t] = cap if value > cap else 0.0 if value < 0.0 else value
 
     def owed(self, pool: str, tier: int, unit: float) -> float:
-        """How many longest calls of its floor ``tier`` is behind on ``pool`` (at least 1:
+        """How many longest calls ``tier`` is behind its floor on ``pool`` (at least 1:
         owed)."""
-        share = self.shares[tier]
-        if not share or unit <= 0.0:
+        if not self.shares[tier] or unit <= 0.0:
             return 0.0
         credit = self._credit.get(pool)
-        return 0.0 if credit is None else credit[tier] / (share * unit)
+        return 0.0 if credit is None else credit[tier] / unit
 
     def snapshot(self, pool: str) -> list[float]:
         return [round(c, 3) for c in self._credit.get(pool, [0.0] * len(self._weights))]

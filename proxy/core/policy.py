@@ -156,9 +156,9 @@ class Policy:
         return 1.0 - left / self._tiers[tier].max_wait_s
 
     def unit(self, pool: Pool) -> float:
-        """One longest call on every slot of ``pool``: the scale of its floors."""
+        """One longest call on ``pool``: the scale of its floors."""
         longest = self.longest.get(pool.name)
-        return pool.limit * (self.settings.level_bounds_s[0] if longest is None else longest)
+        return self.settings.level_bounds_s[0] if longest is None else longest
 
     def claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but

@@ -15,10 +15,11 @@ The bounds (each applies where its condition holds; ``-`` in the table where non
   floors are served first, as the weights say, and the bound is shown but not required
   (``beyond``). A tier's load at its peak: the most work arriving in any window of 20 of
   its mean calls (at least 5 s, at most the span of all arrivals), in busy slots per slot.
-- ``floors``: over every window of ``4 x LAG_CALLS`` longest calls in which a tier had a
-  call waiting throughout, it was served at least its weight's share of the slot-seconds
-  served, less that share of the capacity for ``LAG_CALLS`` longest calls (the stated
-  lag). A tier's share is its weight over the sum of all the tiers' weights.
+- ``floors``: over every window in which a tier had a call waiting throughout (windows of
+  ``WINDOW_CALLS`` longest calls / its share / the slots, the time its floor needs to be
+  served that many calls), it was served at least its weight's share of the slot-seconds
+  served there, less ``LAG_CALLS`` longest calls (the stated lag). A tier's share is its
+  weight over the sum of all the tiers' weights.
 - ``fits``: a tier whose load at its peak, with the more urgent tiers', fits in 90 % of
   the capacity waits (p99) no longer than under FCFS (or 50 ms more).
 - ``deadlines``: no call of a tier times out where WFQ or strict priority time out none of
@@ -47,6 +48,7 @@ from .run import Simulation, service_s, simulate
 from .scenarios import Scenario
 
 LAG_CALLS = 2.0  # the stated lag of a floor, in longest calls
+WINDOW_CALLS = 8.0  # a tier's windows: long enough for its floor to be this many calls
 EPSILON_S = 0.05
 
 
@@ -256,16 +258,20 @@ def key_checks(scenario: Scenario, proxy: Simulation) -> list[Check]:
 def floor_check(config: Config, sim: Simulation) -> Check | None:
     """The ``floors`` bound over sliding windows (see the module's docstring)."""
     served = [o for o in sim.outcomes if o.code is None and o.service_s > 0]
-    if not served:
+    weights = sum(t.weight for t in config.tiers)
+    if not served or not weights:
         return None
     longest = max(o.service_s for o in served)
     lag = LAG_CALLS * longest
-    window = 4 * lag
-    step = lag / 4
+    capacity = sum(slots_of(config).values())
+    names = config.tier_names
+    shares = [t.weight / weights for t in config.tiers]
+    windows = [WINDOW_CALLS * longest / (share * capacity) if share else math.inf
+               for share in shares]
+    step = min(windows) / 16
     start = min(o.arrived for o in sim.outcomes)
     end = max(o.done_at for o in sim.outcomes if not math.isnan(o.done_at))
     bins = math.ceil((end - start) / step) + 1
-    names = config.tier_names
     index = {n: i for i, n in enumerate(names)}
     got = [[0.0] * bins for _ in names]  # slot-seconds served in each bin
     waiting: list[list[tuple[float, float]]] = [[] for _ in names]
@@ -277,28 +283,26 @@ def floor_check(config: Config, sim: Simulation) -> Check | None:
         waiting[t].append((o.arrived, began))
         if o.code is None:
             _spread(got[t], (began - start) / step, (o.done_at - start) / step, step)
-    backlogged = [_covered(spans, start, step, bins) for spans in waiting]
-    capacity = sum(slots_of(config).values())
-    size = round(window / step)
-    weights = sum(t.weight for t in config.tiers)
+    every = [sum(g[i] for g in got) for i in range(bins)]
     checked = 0
-    worst: tuple[float, str, float] | None = None  # (shortfall, tier, at)
-    for a in range(0, bins - size + 1):
-        total = sum(sum(g[a:a + size]) for g in got)
-        for t in range(len(names)):
-            if not config.tiers[t].weight or not all(backlogged[t][a:a + size]):
+    worst: tuple[float, str, float, float] | None = None  # (shortfall, tier, at, window)
+    for t, name in enumerate(names):
+        if not shares[t]:
+            continue
+        backlogged = _covered(waiting[t], start, step, bins)
+        size = round(windows[t] / step)
+        for a in range(0, bins - size + 1):
+            if not all(backlogged[a:a + size]):
                 continue
             checked += 1
-            share = config.tiers[t].weight / weights
-            floor = share * total - share * capacity * lag
-            short = floor - sum(got[t][a:a + size])
+            short = shares[t] * sum(every[a:a + size]) - lag - sum(got[t][a:a + size])
             if worst is None or short > worst[0]:
-                worst = (short, names[t], start + a * step)
+                worst = (short, name, start + a * step, windows[t])
     if not checked or worst is None:
-        return Check("floors", True, f"no window of {window:.1f} s with a tier waiting throughout")
-    short, tier, at = worst
-    return Check("floors", short <= 1e-9, f"{checked} windows of {window:.1f} s, lag "
-                 f"{lag:.1f} s; closest: {tier} at {at:.0f} s, "
+        return Check("floors", True, "no window in which a tier waited throughout")
+    short, tier, at, window = worst
+    return Check("floors", short <= 1e-9, f"{checked} windows, lag {lag:.1f} slot-s; closest: "
+                 f"{tier} over {window:.0f} s from {at:.0f} s, "
                  + (f"{-short:.1f} slot-s above" if short <= 0 else f"{short:.1f} slot-s short"))
 
 
