@@ -10,10 +10,11 @@ place instead of failing.
 
 The policy (``proxy.core.policy``) picks, for each free slot of a provider, among the
 calls that may use it: a tier owed its floor (``proxy.core.floors``), else the most urgent
-tier, and within a tier by level and by key (``proxy.core.keys``). Deadlines are exact: a queued call past its deadline is refused
-(``queue_timeout``) on time, however it entered the queue. The queue is bounded: past a
-tier's or the total bound, a more urgent arrival evicts the latest arrival of the least
-urgent tier (``evicted``); otherwise it is refused (``queue_full``).
+tier, and within a tier by level and by key (``proxy.core.keys``). Deadlines are exact: a
+queued call past its deadline is refused (``queue_timeout``) on time, however it entered
+the queue. The queue is bounded: past a tier's or the total bound, a more urgent arrival
+evicts the latest arrival of the least urgent tier (``evicted``); otherwise it is refused
+(``queue_full``).
 
 Work-conserving apart from headroom: after every call below, no free slot is left while
 a call that may use it waits and no hold applies. Time alone can change that (a pause

@@ -151,8 +151,8 @@ def checks(scenario: Scenario, sims: dict[str, Simulation]) -> list[Check]:
     if len(busy) > 1:
         top = busy[0]
         mine, strict = _p(proxy, top, 0.99), _p(priority, top, 0.99)
-        served = [o.service_s for o in proxy.outcomes if o.code is None]
-        gap = sum(served) / len(served) / sum(slots_of(config).values()) if served else 0.0
+        sizes = [o.service_s for o in proxy.outcomes if o.code is None]
+        gap = sum(sizes) / len(sizes) / sum(slots_of(config).values()) if sizes else 0.0
         bound = max(1.1 * strict, strict + EPSILON_S) + gap
         text = (f"{top} p99 {mine:.2f} s, strict priority {strict:.2f} s (bound "
                 f"{bound:.2f} s)")
