@@ -11,6 +11,8 @@ from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpe
 from tests.scheduler_kit import FOUR, Kit, ticket
 
 PATIENT = tuple(TierSpec(t.name, t.weight, max_wait_s=1000) for t in FOUR)
+# So patient that levels age by promote_after_s alone (not by a fraction of max_wait_s).
+VERY_PATIENT = tuple(TierSpec(t.name, t.weight, max_wait_s=10_000) for t in FOUR)
 
 # --- tiers, levels ----------------------------------------------------------------------
 
@@ -74,7 +76,7 @@ def test_the_level_comes_from_the_stable_size_not_the_learned_estimate() -> None
 @pytest.mark.parametrize(("at", "level"), [(0.0, 2), (19.9, 2), (20.0, 1), (24.9, 1),
                                            (25.0, 0), (110.0, 0)])
 def test_level_aging_moves_up_one_level_at_a_time(at: float, level: int) -> None:
-    k = Kit(promote_after_s=(math.inf, 5.0, 20.0, 60.0))
+    k = Kit(tiers=VERY_PATIENT, promote_after_s=(math.inf, 5.0, 20.0, 60.0))
     k.occupy()
     long_call = ticket(1, 10.0)
     k.submit(long_call, 0.0)
@@ -83,7 +85,7 @@ def test_level_aging_moves_up_one_level_at_a_time(at: float, level: int) -> None
 
 
 def test_aged_call_goes_before_later_short_calls() -> None:
-    k = Kit(promote_after_s=(math.inf, 5.0, 20.0, 60.0))
+    k = Kit(tiers=VERY_PATIENT, promote_after_s=(math.inf, 5.0, 20.0, 60.0))
     k.occupy()
     long_call = ticket(2, 10.0)
     k.submit(long_call, 0.0)
@@ -475,7 +477,7 @@ def test_set_policy_overrides_and_restores() -> None:
     assert k.s.snapshot(2.0)["tiers"][3]["weight"] == 1.0  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("weights", "reserves"), [({0: 0.0}, None), (None, {1: -1})])
+@pytest.mark.parametrize(("weights", "reserves"), [({0: -1.0}, None), (None, {1: -1})])
 def test_invalid_policy_is_refused_and_changes_nothing(weights: dict[int, float] | None,
                                                         reserves: dict[int, int] | None) -> None:
     k = Kit({"p": 4})
@@ -516,7 +518,9 @@ def test_snapshot_is_json_shaped() -> None:
 @pytest.mark.parametrize("bad", [
     {"tiers": ()},
     {"tiers": (TierSpec("a"), TierSpec("a"))},
-    {"tiers": (TierSpec("a", weight=0),)},
+    {"tiers": (TierSpec("a", weight=-1),)},
+    {"tiers": (TierSpec("a", weight=math.inf),)},
+    {"tiers": FOUR, "headroom_spread": -1.0},
     {"tiers": FOUR, "level_bounds_s": (5.0, 1.0)},
     {"tiers": FOUR, "promote_after_s": (1.0, 2.0)},
     {"tiers": FOUR, "max_queue": 0},

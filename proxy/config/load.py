@@ -287,6 +287,7 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
         headroom_horizon_s=node.number(
             "headroom_horizon_s", defaults.headroom_horizon_s, positive=True
         ),
+        headroom_budget=node.number("headroom_budget", defaults.headroom_budget, maximum=1.0),
         rescue_fraction=node.number("rescue_fraction", defaults.rescue_fraction, maximum=1.0),
     )
     node.check_unknown()

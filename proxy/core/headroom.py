@@ -17,9 +17,9 @@ those tiers' floors (their share of the slots, ``proxy.core.floors``, less what 
 so a hold never keeps a less urgent tier below its own floor; and never every slot of a
 provider: each tier can always use one.
 
-Holds cost capacity, so they have a budget: adaptive holds may leave at most
-``HOLD_BUDGET`` of a provider's slot-time idle while a call waits (an EWMA over
-``BUDGET_HORIZON_S``); past it they stop until the idle time decays under it. Where urgent
+Holds cost capacity, so they have a budget: adaptive holds may leave at most ``budget``
+(``scheduler.headroom_budget``) of a provider's slot-time idle while a call waits (an EWMA
+over ``BUDGET_HORIZON_S``); past it they stop until the idle time decays under it. Where urgent
 calls refill the held slots at once (short, frequent calls), holds cost almost nothing and
 always apply; where urgent calls are rare beside long ones, they apply only as far as the
 budget goes. A fixed ``reserve`` is what the table says, whatever it costs.
@@ -36,17 +36,16 @@ _ROUND_DOWN = 0.05
 _LAPSE_MARGIN_S = 1e-6
 # A tier is quiet after this many of its mean gaps between arrivals without one.
 _QUIET_GAPS = 4.0
-# Adaptive holds may leave this fraction of a provider's slot-time idle while calls wait,
-# measured as an EWMA over BUDGET_HORIZON_S.
-HOLD_BUDGET = 0.015
+# What adaptive holds left idle is an EWMA over this long.
 BUDGET_HORIZON_S = 30.0
 
 
 class Headroom:
     def __init__(self, tiers: int, spread: float | None, horizon_s: float,
-                 shares: Sequence[float]) -> None:
+                 shares: Sequence[float], budget: float = 1.0) -> None:
         self._tiers = tiers
         self._spread = spread
+        self._budget = budget
         self._horizon = horizon_s
         self.shares = list(shares)
         self._load: dict[str, list[float]] = {}
@@ -72,14 +71,14 @@ class Headroom:
     def budget_spent(self, provider: str, now: float, capacity: int) -> bool:
         state = self._idle.get(provider)
         return state is not None and _idle_at(state, now) >= (
-            HOLD_BUDGET * capacity * BUDGET_HORIZON_S)
+            self._budget * capacity * BUDGET_HORIZON_S)
 
     def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
         """When the slots held now would spend the budget (None: they never would)."""
         state = self._idle.get(provider)
         if state is None or not state[2]:
             return None
-        budget = HOLD_BUDGET * capacity * BUDGET_HORIZON_S
+        budget = self._budget * capacity * BUDGET_HORIZON_S
         steady = state[2] * BUDGET_HORIZON_S  # what holding them for ever tends to
         idle = _idle_at(state, now)
         if steady <= budget:
@@ -151,16 +150,18 @@ class Headroom:
                 for tier in range(self._tiers)]
 
     def held_against(self, provider: str, tier: int, now: float, fixed: Sequence[int | None],
-                     running: Sequence[int], capacity: int) -> int:
+                     running: Sequence[int], capacity: int, adaptive: bool = True) -> int:
         """The free slots of ``provider`` that ``tier`` must leave alone: the largest hold
-        of any more urgent set of tiers, never every slot."""
+        of any more urgent set of tiers, never every slot (``adaptive=False``: the fixed
+        reserves' alone)."""
         ceiling = capacity - 1
         if not tier or ceiling <= 0:
             return 0
         quiets = self._quiet.get(provider, self._unheard)
         loads, stamps = self._load.get(provider, quiets), self._stamp.get(provider, quiets)
         shares = self.shares
-        adaptive = self._spread is not None and not self.budget_spent(provider, now, capacity)
+        adaptive = adaptive and self._spread is not None and not self.budget_spent(
+            provider, now, capacity)
         load = share = 0.0
         busy = 0
         held = 0

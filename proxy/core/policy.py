@@ -54,7 +54,7 @@ class Policy:
         self._headroom = headroom
         self.means: dict[str, float] = {}  # mean service seconds, per provider
         self.longest: dict[str, float] = {}  # the longest recent service seconds, per provider
-        self.holding = False  # the last choose() kept a free slot for a hold
+        self.holding = False  # the last choose() kept a free slot for an adaptive hold
         self.set_weights([t.weight for t in settings.tiers])
 
     def set_weights(self, weights: Sequence[float]) -> None:
@@ -120,8 +120,11 @@ class Policy:
                 if self.at_risk(tier, now):
                     return self.head(pool, tier, now, earliest=True) or heads[tier]
                 return heads[tier]
-        self.holding = True
-        return None  # keep the slot for the more urgent arrivals the headroom expects
+        # Keep the slot for the more urgent arrivals the headroom expects; note whether the
+        # adaptive part is why (its budget counts what it idles; a fixed reserve is free).
+        self.holding = free > self._headroom.held_against(
+            name, order[-1], now, self.reserves, pool.running, pool.limit, adaptive=False)
+        return None
 
     def head(self, pool: Pool, tier: int, now: float, earliest: bool = False) -> Choice | None:
         """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
@@ -199,7 +202,8 @@ class Policy:
         if soonest is not None and soonest <= now:
             soonest = None
         spent = self._headroom.budget_end(pool.name, now, pool.limit)
-        if spent is not None and spent > now:
+        if spent is not None and spent > now and free > self._headroom.held_against(
+                pool.name, tier, now, self.reserves, pool.running, pool.limit, adaptive=False):
             soonest = spent if soonest is None else min(soonest, spent)
         spec = self._tiers[tier]
         patient = self._queues.earliest_deadline(tier) - (1.0 - HOLD_PATIENCE) * spec.max_wait_s

@@ -95,7 +95,7 @@ class Scheduler:
         weights = [t.weight for t in settings.tiers]
         self._floors = Floors(weights)
         self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
-                                  self._floors.shares)
+                                  self._floors.shares, settings.headroom_budget)
         self._keys = KeyTags(count)
         self._policy = Policy(settings, self._queues, self._floors, self._headroom)
 

@@ -48,6 +48,9 @@ class SchedulerSettings:
       ``headroom_spread`` times ``sqrt(a)`` (square-root staffing), less those they run
       (``proxy.core.headroom``); an EWMA over ``headroom_horizon_s``. None: no adaptive
       headroom (fixed ``reserve`` only).
+    - ``headroom_budget``: the share of a provider's slot-time that adaptive holds may leave
+      idle while calls wait (an EWMA over ``BUDGET_HORIZON_S``); past it they stop until
+      the idle time decays under it.
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
       left is *at risk*: it goes before shorter, later calls of its tier, and it may take a
       slot that a less urgent tier's floor is owed while that tier is owed little and has
@@ -61,6 +64,7 @@ class SchedulerSettings:
     tier_promote_after_s: float | None = None
     headroom_spread: float | None = 1.0
     headroom_horizon_s: float = 30.0
+    headroom_budget: float = 0.015
     rescue_fraction: float = 0.25
 
     def __post_init__(self) -> None:
@@ -93,6 +97,8 @@ class SchedulerSettings:
             raise ValueError("headroom_spread: must be a number >= 0")
         if not self.headroom_horizon_s > 0:
             raise ValueError("headroom_horizon_s: must be positive")
+        if not 0 <= self.headroom_budget <= 1:
+            raise ValueError("headroom_budget: must be between 0 and 1")
         if not 0 <= self.rescue_fraction <= 1:
             raise ValueError("rescue_fraction: must be between 0 and 1")
 
