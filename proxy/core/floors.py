@@ -9,8 +9,9 @@ The credit never falls below zero and drops to zero when the tier stops waiting,
 the largest shortfall of any window that ends now and in which the tier waited throughout:
 being served above the floor by urgency, or idling, banks nothing.
 
-A tier is *owed* once its credit reaches one longest call (the longest recent service
-time; a call cannot be served in parts, so a floor is kept call by call); the policy then
+A tier is *owed* once its credit reaches one of its longest calls (the longest recent
+service time of its calls on the provider; a call cannot be served in parts, so a floor
+is kept call by call); the policy then
 gives it the next free slot before urgency decides (``proxy.core.policy``). So in any
 window in which a tier waits throughout, it is served at least its share of what was
 served there, less about two longest calls (one to become owed, one for a slot to free).
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Credit is kept below this many longest calls (a tier that cannot be served for a while
-# must not then take every slot for a long time).
+# Credit is kept below this many of the provider's longest calls (a tier that cannot be
+# served for a while must not then take every slot for a long time).
 CAP_CALLS = 2.0
 
 
@@ -48,13 +49,11 @@ class Floors:
         return found
 
     def serve(self, pool: str, tier: int, seconds: float, waiting: Sequence[int],
-              unit: float) -> None:
+              cap: float) -> None:
         """``pool`` served (or, negative, gave back) ``seconds`` to ``tier`` while the tiers
-        with a nonzero ``waiting`` count waited for it; ``unit`` is one longest call, the
-        scale of the cap."""
+        with a nonzero ``waiting`` count waited for it; no credit grows past ``cap``."""
         credit = self.credit(pool)
         shares = self.shares
-        cap = CAP_CALLS * unit
         for t, count in enumerate(waiting):
             share = shares[t]
             if not share:

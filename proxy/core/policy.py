@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from .capacity import Gate, Pool
-from .floors import Floors
+from .floors import CAP_CALLS, Floors
 from .headroom import Headroom
 from .scheduler_queues import Lane, TicketQueues
 from .scheduler_types import SchedulerSettings, Ticket
@@ -53,7 +53,8 @@ class Policy:
         self.floors = floors
         self._headroom = headroom
         self.means: dict[str, float] = {}  # mean service seconds, per provider
-        self.longest: dict[str, float] = {}  # the longest recent service seconds, per provider
+        # The longest recent service seconds of each tier's calls, per provider.
+        self.longest: dict[str, list[float]] = {}
         self.holding = False  # the last choose() kept a free slot for an adaptive hold
         self.set_weights([t.weight for t in settings.tiers])
 
@@ -94,7 +95,6 @@ class Policy:
         self.holding = False
         queues = self._queues
         name = pool.name
-        unit = self.unit(pool)
         heads: dict[int, Choice] = {}
         urgent: int | None = None
         owed: int | None = None
@@ -108,7 +108,7 @@ class Policy:
             heads[tier] = head
             if urgent is None:
                 urgent = tier
-            behind = self.floors.owed(name, tier, unit)
+            behind = self.floors.owed(name, tier, self.unit(pool, tier))
             if behind >= most:
                 owed, most = tier, behind
         if urgent is None:
@@ -158,10 +158,23 @@ class Policy:
         left = self._queues.earliest_deadline(tier) - now
         return 1.0 - left / self._tiers[tier].max_wait_s
 
-    def unit(self, pool: Pool) -> float:
-        """One longest call on ``pool``: the scale of its floors."""
-        longest = self.longest.get(pool.name)
-        return self.settings.level_bounds_s[0] if longest is None else longest
+    def unit(self, pool: Pool, tier: int) -> float:
+        """One of ``tier``'s longest calls on ``pool`` (the provider's, until the tier has
+        one): the scale of its floor, served call by call."""
+        per_tier = self.longest.get(pool.name)
+        if per_tier is not None and per_tier[tier]:
+            return per_tier[tier]
+        return self.longest_call(pool)
+
+    def longest_call(self, pool: Pool) -> float:
+        """The longest recent call of any tier on ``pool``."""
+        per_tier = self.longest.get(pool.name)
+        longest = 0.0 if per_tier is None else max(per_tier)
+        return longest or self.settings.level_bounds_s[0]
+
+    def credit_cap(self, pool: Pool) -> float:
+        """No tier's floor credit grows past this many slot-seconds on ``pool``."""
+        return CAP_CALLS * self.longest_call(pool)
 
     def claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but
@@ -177,13 +190,14 @@ class Policy:
     def mean_service(self, pool: str) -> float | None:
         return self.means.get(pool)
 
-    def served(self, pool: str, service_s: float) -> None:
-        """A call held a slot of ``pool`` for ``service_s``."""
+    def served(self, pool: str, tier: int, service_s: float) -> None:
+        """A call of ``tier`` held a slot of ``pool`` for ``service_s``."""
         old = self.means.get(pool, service_s)
         self.means[pool] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
-        longest = self.longest.get(pool, service_s)
-        self.longest[pool] = (service_s if service_s > longest
-                              else longest + _LONGEST_DECAY * (service_s - longest))
+        per_tier = self.longest.get(pool)
+        if per_tier is None:
+            per_tier = self.longest[pool] = [0.0] * len(self._tiers)
+        per_tier[tier] = _longest(per_tier[tier], service_s)
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,
@@ -213,6 +227,11 @@ class Policy:
 
     def set_reserves(self, reserves: Sequence[int | None]) -> None:
         self.reserves = list(reserves)
+
+
+def _longest(longest: float, service_s: float) -> float:
+    """The largest seen, moving a little towards each shorter one."""
+    return service_s if service_s > longest else longest + _LONGEST_DECAY * (service_s - longest)
 
 
 def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:

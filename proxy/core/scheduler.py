@@ -211,11 +211,11 @@ class Scheduler:
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
             delta = service_s - ticket.charged_s
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
-            self._policy.served(pool.name, service_s)
+            self._policy.served(pool.name, ticket.current_tier, service_s)
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
-                               self._policy.unit(pool))
+                               self._policy.credit_cap(pool))
             self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
         self._fill(pool, now)
 
@@ -385,7 +385,7 @@ class Scheduler:
         ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
         if self._queues.queued:  # floors only move while calls wait
             self._floors.serve(pool.name, tier, charged, self._queues.counts(pool.name),
-                               self._policy.unit(pool))
+                               self._policy.credit_cap(pool))
         self._keys.started(tier, ticket.tag)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 

@@ -1,0 +1,229 @@
+"""Floors: each tier's share of slot-seconds while it waits, on a fake clock; and within a
+tier, the order of calls at risk."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import pytest
+
+from proxy.core.floors import Floors
+from proxy.core.scheduler import Ticket, TierSpec
+from tests.scheduler_kit import Kit, ticket
+
+
+def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
+                   horizon: float, took: Sequence[float] | None = None,
+                   load: float = 1.5) -> list[float]:
+    """Every tier offers ``load`` times the provider's capacity on its own (open loop, so
+    none fits); calls claim ``ests`` and really take ``took`` (default: what they claim).
+    Slot-seconds used per tier by the horizon."""
+    took = ests if took is None else took
+    tiers = [TierSpec(f"t{i}", w, max_wait_s=1e9) for i, w in enumerate(weights)]
+    k = Kit({"p": slots}, tiers, headroom_spread=None, max_queue=10**7)
+    used = [0.0] * len(weights)
+    events: list[tuple[float, int, int, Ticket | None]] = []  # (time, order, tier, running)
+    for tier in range(len(ests)):
+        heapq.heappush(events, (0.0, -1, tier, None))
+    gap = [took[t] / (load * slots) for t in range(len(ests))]
+
+    def start(now: float) -> None:
+        for d in k.collect().dispatches:
+            t = d.ticket
+            heapq.heappush(events, (now + took[t.tier], t.order, t.tier, t))
+            used[t.tier] += took[t.tier]
+
+    while events:
+        now, _, tier, done = heapq.heappop(events)
+        if now > horizon:
+            break
+        if done is None:
+            k.s.submit(ticket(tier, ests[tier]), now)
+            heapq.heappush(events, (now + gap[tier], -1, tier, None))
+        else:
+            k.running["p"].remove(done)
+            k.s.release(done, now, took[tier])
+        start(now)
+    return used
+
+
+@pytest.mark.parametrize(("weights", "ests", "slots"), [
+    ((1, 1), (1.0, 1.0), 1),
+    ((2, 1), (1.0, 1.0), 1),
+    ((2, 1), (0.5, 4.0), 2),          # a weight is a share of slot time, not of calls
+    ((1, 3), (3.0, 0.3), 1),          # the less urgent tier may have the larger share
+    ((8, 4, 2, 1), (0.5, 2.0, 8.0, 20.0), 4),
+])
+def test_when_every_tier_waits_each_is_served_its_floor(
+        weights: tuple[float, ...], ests: tuple[float, ...], slots: int) -> None:
+    """The floors of the tiers that wait add up to the whole provider: each tier below the
+    most urgent is served its floor and no more, and the most urgent one the rest, which
+    is its own floor."""
+    used = simulate_share(weights, ests, slots, horizon=4_000.0)
+    total = sum(used)
+    for w, u in zip(weights, used, strict=True):
+        assert u / total == pytest.approx(w / sum(weights), rel=0.05)
+
+
+def test_a_tier_whose_calls_lie_about_their_size_is_charged_what_they_took() -> None:
+    """Tier 1 claims 1 s a call and takes 10: its floor is still what its weight says,
+    because every call is charged its real service time when its slot comes back."""
+    used = simulate_share((1, 1), (1.0, 1.0), 1, horizon=4_000.0, took=(1.0, 10.0))
+    assert used[1] / sum(used) == pytest.approx(0.5, rel=0.05)
+
+
+def test_a_tier_of_weight_zero_is_served_only_what_the_others_leave() -> None:
+    """Background: however long it has waited, it gets a slot only while no other tier
+    waits for one, even one less urgent by its place in the list."""
+    tiers = (TierSpec("idle", 0.0, max_wait_s=1e9), TierSpec("low", 1.0, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers, headroom_spread=None)
+    k.occupy(0.0, tier=1)
+    background = [ticket(0) for _ in range(3)]
+    lows = [ticket(1) for _ in range(3)]
+    for t in [*background, *lows]:
+        k.submit(t, 0.0)
+    assert k.drain(1000.0) == [*lows, *background]
+
+
+def test_urgency_decides_what_the_floors_leave() -> None:
+    """An urgent tier offering 20 % of the slot, well within its floor: whenever the slot
+    frees while one of its calls waits, that call goes next, however much low work is
+    queued; low is served the rest, far more than its floor."""
+    k = Kit({"p": 1}, headroom_spread=None)
+    now, next_urgent, busy_until = 0.0, 0.0, 0.0
+    urgent_waiting: list[Ticket] = []
+    picked_urgent = low_served = 0
+    while now < 2000.0:
+        while k.s.depth(3) < 3:
+            low = ticket(3, 5.0)
+            k.submit(low, now)
+            busy_until = now + 5.0 if k.granted(low) else busy_until
+        if now >= next_urgent:
+            urgent = ticket(0, 0.2)
+            k.submit(urgent, now)
+            if k.granted(urgent):
+                busy_until = now + 0.2
+            else:
+                urgent_waiting.append(urgent)
+            next_urgent += 1.0
+        if now >= busy_until:
+            dispatched = k.release("p", now)
+            assert len(dispatched) == 1
+            if urgent_waiting:
+                assert dispatched[0] is urgent_waiting.pop(0)
+                picked_urgent += 1
+            else:
+                low_served += 1
+            busy_until = now + dispatched[0].est_service_s
+        now = min(next_urgent, busy_until)
+    assert picked_urgent > 100
+    assert low_served * 5.0 > 0.5 * 2000.0
+
+
+def test_a_backlogged_tier_keeps_its_floor_against_an_urgent_overload() -> None:
+    """Critical offers twice the capacity for 300 s; the low tier's calls (1 of 15 of the
+    weights) are served one in every 15 slot-seconds, within two calls of that, from the
+    first seconds on: its floor does not wait for the overload to end, and urgency decides
+    the rest."""
+    k = Kit({"p": 4}, headroom_spread=None, max_queue=10**6)
+    lows = [ticket(3, 1.0) for _ in range(200)]
+    for t in lows:
+        k.submit(t, 0.0)
+    running = [(1.0, t.order, t) for t in lows if k.granted(t)]
+    now, next_urgent = 0.0, 0.0
+    while now < 300.0:
+        if now >= next_urgent:
+            k.s.submit(ticket(0, 1.0), now)
+            next_urgent += 0.125  # 8 busy slots of demand on 4
+        for d in k.collect().dispatches:
+            heapq.heappush(running, (now + 1.0, d.ticket.order, d.ticket))
+        now = min(next_urgent, running[0][0])
+        while running and running[0][0] <= now:
+            done = heapq.heappop(running)[2]
+            k.running["p"].remove(done)
+            k.s.release(done, now, 1.0)
+    served = sorted(t.dispatched_at for t in lows if t.state is not t.state.QUEUED)
+    delivered = 4 * 300.0
+    assert delivered / 15 - 2 <= len(served) <= delivered / 15 + 6  # the first 4 at once
+    later = served[4:]
+    assert later[0] <= 15 * 2 / 4  # within two calls' worth of its floor
+
+
+def test_a_tier_owed_its_floor_goes_before_a_more_urgent_one() -> None:
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers, headroom_spread=None)
+    k.occupy(0.0)
+    low = ticket(1, 1.0)
+    k.submit(low, 0.0)
+    urgent = [ticket(0, 1.0) for _ in range(4)]
+    for t in urgent:
+        k.submit(t, 0.0)
+    # critical's call ran 1 s while low waited: low is owed half of it, not yet one call
+    assert k.release("p", 1.0, 1.0) == [urgent[0]]
+    assert k.release("p", 2.0, 1.0) == [urgent[1]]
+    # two calls on: half of two seconds is one (longest) call: low goes now
+    assert k.release("p", 3.0, 1.0) == [low]
+
+
+def test_idle_tier_banks_no_credit() -> None:
+    """A tier that waited nothing while others were served is owed nothing when it starts
+    waiting: it gets its floor from then on, not what it would have had before."""
+    floors = Floors([1.0, 1.0])
+    for _ in range(100):
+        floors.serve("p", 0, 1.0, [5, 0], cap=2.0)
+    assert floors.owed("p", 1, 1.0) == 0.0
+    floors.serve("p", 0, 1.0, [5, 1], cap=2.0)
+    assert floors.owed("p", 1, 1.0) == pytest.approx(0.5)
+
+
+def test_credit_is_capped_and_never_negative() -> None:
+    floors = Floors([1.0, 1.0])
+    for _ in range(100):
+        floors.serve("p", 0, 1.0, [5, 1], cap=2.0)
+    assert floors.owed("p", 1, 1.0) == pytest.approx(2.0)
+    floors.serve("p", 1, 30.0, [5, 1], cap=2.0)
+    assert floors.owed("p", 1, 1.0) == 0.0  # served far above its floor: banks nothing
+
+
+@pytest.mark.parametrize(("rescue_fraction", "rescued"), [(0.25, True), (0.0, False)])
+def test_within_a_tier_a_call_at_risk_goes_before_later_ones_that_overtook_it(
+    rescue_fraction: float, rescued: bool
+) -> None:
+    """Overtaking inside a tier is bounded: a heavy key's call that its key's own backlog
+    put behind another key's calls goes first once it has less than rescue_fraction of its
+    max_wait_s left."""
+    tiers = (TierSpec("normal", 1, max_wait_s=100),)
+    k = Kit(tiers=tiers, headroom_spread=None, rescue_fraction=rescue_fraction)
+    backlog = ticket(0, 40.0, key="heavy")  # moves the heavy key's virtual start on 40 s
+    k.submit(backlog, 0.0)
+    k.finish(backlog, 0.0, 40.0)
+    k.occupy(0.0)
+    late = ticket(0, 0.5, key="heavy")
+    k.submit(late, 0.0)
+    now = 0.0
+    while now < 74.0:
+        k.submit(ticket(0, 0.5, key="light"), now)
+        now += 1.0
+        assert late not in k.release("p", now)
+    k.submit(ticket(0, 0.5, key="light"), now)
+    assert (k.release("p", 76.0) == [late]) is rescued
+
+
+def test_a_slot_given_back_unused_refunds_its_charge() -> None:
+    """Found in review: a grant that never went upstream (its provider's rate limit was
+    spent) must not count against its tier's floor, however often it bounces."""
+    tiers = (TierSpec("a", 1, max_wait_s=1e9), TierSpec("b", 1, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers)
+    waiting = ticket(1)
+    t = ticket(0, 20.0)
+    k.submit(t, 0.0)
+    k.submit(waiting, 0.0)
+    for _ in range(5):
+        assert t.pool is not None
+        k.running[t.pool].remove(t)
+        k.s.give_back(t, 0.0)
+        if k.granted(waiting):
+            break
+        k.submit(t, 0.0)
+    assert k.s.snapshot(0.0)["providers"]["p"]["floor_credit_s"][1] == 0.0  # type: ignore[index]
