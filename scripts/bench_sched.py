@@ -248,12 +248,12 @@ async def serve_role(app: web.Application) -> None:
 # --- running the targets ----------------------------------------------------------------
 
 
-# Proxy variants: name -> scheduler.headroom_scale (None: the shipped value).
-PROXY_VARIANTS: dict[str, float | None] = {"proxy": None, "proxy-h0": 0.0}
+# Proxy variants: name -> whether the adaptive headroom is on (scheduler.headroom_spread).
+PROXY_VARIANTS: dict[str, bool] = {"proxy": True, "proxy-h0": False}
 
 
 def proxy_yaml(shipped: Config, capacity: int, speedup: float, upstream: str,
-               wait_scale: float, headroom_scale: float | None) -> str:
+               wait_scale: float, headroom: bool) -> str:
     """The shipped routing.yaml's tiers, scheduler and estimator settings with every time
     divided by the speed-up, and one provider: the simulated upstream."""
 
@@ -277,10 +277,10 @@ scheduler:
   level_bounds_s: [{", ".join(t(b) for b in sched.level_bounds_s)}]
   promote_after_s: [{", ".join(t(p) for p in sched.promote_after_s)}]
   tier_promote_after_s: {t(math.inf if tier_promote is None else tier_promote)}
-  headroom_scale: {sched.headroom_scale if headroom_scale is None else headroom_scale}
+  headroom_spread: {sched.headroom_spread if headroom and sched.headroom_spread is not None
+                    else "false"}
   headroom_horizon_s: {t(sched.headroom_horizon_s)}
-  quantum_s: {t(sched.quantum_s)}
-  lend_s: {t(sched.lend_s)}
+  headroom_budget: {sched.headroom_budget}
   rescue_fraction: {sched.rescue_fraction}
 estimate:
   output_tokens: {est.output_tokens}
@@ -580,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rules", default="random,size,fits",
                         help=f"tier rules, of {', '.join(RULES)}")
     parser.add_argument("--targets", default="fcfs,proxy",
-                        help="fcfs, proxy, proxy-h0 (the proxy with headroom_scale 0)")
+                        help="fcfs, proxy, proxy-h0 (the proxy without adaptive headroom)")
     parser.add_argument("--wait-scale", type=float, default=1.0,
                         help="multiply the tiers' max_wait_s (before the speed-up)")
     parser.add_argument("--upstream", default="", help="(fcfs role) upstream base URL")

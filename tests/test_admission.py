@@ -147,7 +147,11 @@ async def test_deadline_timer_fires_without_polling() -> None:
 
 
 async def test_lapsed_reservation_wakes_a_waiter() -> None:
-    adm, s = make({"p": 2}, clock=SystemClock(), headroom_horizon_s=0.1)
+    # The low tier is background, so the urgent tier's floor is both slots and its hold
+    # may keep the free one; the budget is unlimited, so only the lapse ends the hold.
+    tiers = (*FOUR[:3], TierSpec("low", 0.0))
+    adm, s = make({"p": 2}, tiers, clock=SystemClock(), headroom_horizon_s=0.1,
+                  headroom_budget=1.0)
     await granted(adm, ticket(0, 30.0))  # heavy urgent demand holds the other slot back
     low = ticket(3)
     started = time.monotonic()

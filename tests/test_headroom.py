@@ -15,7 +15,6 @@ from proxy.core.headroom import BUDGET_HORIZON_S
 from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, Kit, ticket
 
-
 UNLIMITED = {"headroom_budget": 1.0}
 
 

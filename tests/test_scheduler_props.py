@@ -44,7 +44,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s = Scheduler(
             SchedulerSettings(tiers=TIERS, max_queue=10, promote_after_s=(1e9, 2.0, 6.0, 12.0),
                               tier_promote_after_s=25.0, headroom_horizon_s=10.0,
-                              headroom_scale=1.5),
+                              headroom_spread=1.5, headroom_budget=0.2),
             {"a": 3, "b": 1}, DEPLOYMENTS,
         )
         self.now = 0.0

@@ -49,11 +49,15 @@ class Floors:
         return found
 
     def serve(self, pool: str, tier: int, seconds: float, waiting: Sequence[int],
-              cap: float) -> None:
-        """``pool`` served (or, negative, gave back) ``seconds`` to ``tier`` while the tiers
-        with a nonzero ``waiting`` count waited for it; no credit grows past ``cap``."""
+              cap: float, refund: float = 0.0) -> float:
+        """``pool`` served ``seconds`` (negative: gave them back) to ``tier`` while the tiers
+        with a nonzero ``waiting`` count waited for it; no credit grows past ``cap``.
+        Returns what ``tier``'s credit paid for it. Seconds given back return to ``tier``
+        at most the ``refund`` it paid for them, so a charge the floor at zero absorbed is
+        not paid back as credit nobody earned."""
         credit = self.credit(pool)
         shares = self.shares
+        paid = 0.0
         for t, count in enumerate(waiting):
             share = shares[t]
             if not share:
@@ -64,8 +68,13 @@ class Floors:
             else:
                 value = 0.0  # it stopped waiting: no banked credit
             if t == tier:
-                value -= seconds
+                if seconds >= 0.0:
+                    paid = value if value < seconds else seconds
+                    value -= seconds
+                else:
+                    value += refund if refund < -seconds else -seconds
             credit[t] = cap if value > cap else 0.0 if value < 0.0 else value
+        return paid
 
     def owed(self, pool: str, tier: int, unit: float) -> float:
         """How many longest calls ``tier`` is behind its floor on ``pool`` (at least 1:

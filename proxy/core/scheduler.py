@@ -106,7 +106,8 @@ class Scheduler:
         of old tier ``i``. Queued calls keep their arrival order, deadline, level and
         candidates; running calls keep their slots. Providers and deployments are only
         added (what a call still names keeps its limit, pauses and gates); ``pools`` sets
-        each one's maximum. Fair-share and headroom history start over."""
+        each one's maximum. Floors, keys' shares (from the calls queued, in arrival order) and
+        headroom history start over."""
         if len(tier_map) != len(self._tiers) or not all(
                 0 <= t < len(settings.tiers) for t in tier_map):
             raise ValueError("tier_map must give every old tier a new one")
@@ -117,9 +118,9 @@ class Scheduler:
         self._tier_maps.add(tier_map)
         for ticket in [*queued, *self._running]:
             self._tier_maps.bring_up(ticket, settings.levels)
-        for ticket in sorted(queued, key=lambda t: (t.tag, t.order)):  # their virtual starts
+        for ticket in sorted(queued, key=lambda t: t.order):  # keys' shares start over too
             ticket.tag = self._keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
-                                           ticket.est_service_s)  # anew, in the same order
+                                           ticket.est_service_s)
         self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
             self._capacity.set_max(name, limit, now)
@@ -150,10 +151,10 @@ class Scheduler:
         if first:
             ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
                           self._tiers[ticket.tier].max_wait_s)
-            ticket.tag = self._keys.arrive(ticket.tier, ticket.key, ticket.key_weight,
-                                           ticket.est_service_s)
             likely = first_open(gates, now).pool.name
-            self._headroom.record(likely, ticket.tier, self._policy.claim(likely, ticket), now)
+            claim = self._policy.claim(likely, ticket)
+            ticket.tag = self._keys.arrive(ticket.tier, ticket.key, ticket.key_weight, claim)
+            self._headroom.record(likely, ticket.tier, claim, now)
         ticket.state = QUEUED
         ticket.visit += 1
         ticket.queued_at = now
@@ -215,7 +216,7 @@ class Scheduler:
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
-                               self._policy.credit_cap(pool))
+                               self._policy.credit_cap(pool), ticket.floor_paid_s)
             self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
         self._fill(pool, now)
 
@@ -383,9 +384,11 @@ class Scheduler:
         pool.running[tier] += 1
         self._running[ticket] = None
         ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
+        ticket.floor_paid_s = 0.0
         if self._queues.queued:  # floors only move while calls wait
-            self._floors.serve(pool.name, tier, charged, self._queues.counts(pool.name),
-                               self._policy.credit_cap(pool))
+            ticket.floor_paid_s = self._floors.serve(
+                pool.name, tier, charged, self._queues.counts(pool.name),
+                self._policy.credit_cap(pool))
         self._keys.started(tier, ticket.tag)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 

@@ -164,7 +164,8 @@ class Ticket:
     visit: int = field(init=False, default=0)  # bumped on every pass through the queue
     promoted: bool = field(init=False, default=False)  # moved up a tier (once)
     queued_at: float = field(init=False, default=math.nan)  # start of this pass
-    charged_s: float = field(init=False, default=0.0)  # to its fair share, until released
+    charged_s: float = field(init=False, default=0.0)  # to its floor, until released
+    floor_paid_s: float = field(init=False, default=0.0)  # of it, what its tier's credit paid
     waited_s: float = field(init=False, default=0.0)  # queued time over every pass
     generation: int = field(init=False, default=0)  # the configuration its tiers index
 
