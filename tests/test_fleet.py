@@ -88,6 +88,23 @@ def test_a_429_pauses_the_deployment_only_when_nothing_else_was_running(
     tickets = [Ticket(0, (DEPLOYMENT.id,), 1.0) for _ in range(others + 1)]
     for t in tickets:
         scheduler.submit(t, 0.0)
-    f.end(DEPLOYMENT, Verdict.THROTTLED, 0.5, 0.0, 10, None, retry_after_s=2.0)
+    f.end(DEPLOYMENT, Verdict.THROTTLED, 0.5, 0.0, 10, None, retry_after_s=2.0,
+          beside=others)
     assert (scheduler.paused_until(DEPLOYMENT.id) > 0.5) is paused
     assert scheduler.capacity("p") == (2 if others == 0 else max(2, others))
+
+
+def test_a_late_429_of_a_burst_cuts_to_what_the_provider_bore_when_it_was_sent() -> None:
+    """Eight calls sent at once to a provider that bears three: the fourth to seventh are
+    refused. Each was sent beside the calls before it, so the limit comes down to three,
+    whatever is still in flight when each 429 arrives."""
+    f, scheduler = fleet()
+    scheduler.set_max("p", 8, 0.0)
+    tickets = [Ticket(0, (DEPLOYMENT.id,), 1.0) for _ in range(8)]
+    for t in tickets:
+        scheduler.submit(t, 0.0)
+    assert [t.beside for t in tickets] == list(range(8))
+    for t in reversed(tickets[3:]):  # the latest refusals arrive first
+        f.end(DEPLOYMENT, Verdict.THROTTLED, 0.1, 0.0, 10, None, beside=t.beside)
+        scheduler.give_back(t, 0.1)
+    assert scheduler.capacity("p") == 3

@@ -279,8 +279,7 @@ def test_the_readme_guarantees_hold_on_real_arrivals(start_s: float) -> None:
     assert sum(t["n"] for t in tiers.values()) == len(calls) > 300
     assert all(o.code is not None or not math.isnan(o.done_at) for o in result.outcomes)
     high = tiers["high"]
-    assert high["timeouts"] == 0 and high["p99"] < 5.0
-    assert high["p99"] * 3 < fifo["high"]["p99"]
+    assert high["timeouts"] == 0 and high["p99"] < 0.3 * fifo["high"]["p99"]
     # Work-conserving: the provider is as busy as under FCFS, and more calls are served.
     served = sum(1 for o in result.outcomes if o.code is None)
     assert served >= sum(1 for o in baseline.outcomes if o.code is None)

@@ -228,6 +228,7 @@ def _tiers(root: Node) -> tuple[TierSpec, ...]:
             TierSpec("normal", 2.0, 120.0), TierSpec("low", 1.0, 900.0),
         )
     tiers: list[TierSpec] = []
+    count = len(root.raw("tiers") or [])
     for path, node in root.items("tiers"):
         name = node.string("name", required=True).strip()
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
@@ -236,7 +237,9 @@ def _tiers(root: Node) -> tuple[TierSpec, ...]:
             fail(f"{path}.name", f"duplicate tier {name!r}")
         tiers.append(TierSpec(
             name=name,
-            weight=node.number("weight", 1.0),
+            # Unwritten weights halve down the list (8/4/2/1 for four tiers): priority with
+            # small floors below it.
+            weight=node.number("weight", float(2 ** (count - 1 - len(tiers))), maximum=1e12),
             max_wait_s=node.number("max_wait_s", 120.0, positive=True),
             max_queue=node.optional_integer("max_queue", minimum=1),
             reserve=node.optional_integer("reserve"),

@@ -197,13 +197,14 @@ class Fleet:
     def _throttle(self, deployment: Deployment, now: float, retry_after_s: float | None,
                   beside: int) -> None:
         """A 429 with other calls still running is the provider's concurrency showing: the
-        limit comes down to what it bore when the call was sent (calls that ended since
-        were borne too: a late 429 of a burst must not cut below them), and the refused call
-        waits for one of theirs to finish. A 429 with nothing else running is a rate limit:
-        the deployment pauses."""
+        limit comes down to what it bore, at most the calls in flight when the refused one
+        was sent (``beside``; counting at the 429 instead would miss calls that ended since
+        and count others of a burst that are refused too), and the refused call waits for
+        one of theirs to finish. A 429 with nothing else running is a rate limit: the
+        deployment pauses."""
         name = deployment.provider
         others = self._scheduler.inflight(name) - 1  # the refused call still holds its slot
-        self._scheduler.cut(name, now, max(others, beside))
+        self._scheduler.cut(name, now, beside)
         if others > 0:
             return
         streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1

@@ -34,9 +34,9 @@ from .scheduler_types import SchedulerSettings, Ticket
 HOLD_PATIENCE = 0.5
 # Weight of the newest sample in the means of observed service times.
 _SERVICE_EWMA_ALPHA = 0.1
-# The longest recent service time: the largest seen, moving this fraction of the way
-# towards each shorter one.
-_LONGEST_DECAY = 0.01
+# The longest recent service time: the largest seen, shrinking by half every this many
+# seconds (so a long call is remembered for some minutes, however many short ones follow).
+LONGEST_HALF_LIFE_S = 300.0
 # Until its slot comes back, a call is charged at most this many times its provider's mean.
 CLAIM_FACTOR = 4.0
 
@@ -53,8 +53,10 @@ class Policy:
         self.floors = floors
         self._headroom = headroom
         self.means: dict[str, float] = {}  # mean service seconds, per provider
-        # The longest recent service seconds of each tier's calls, per provider.
+        # The longest recent service seconds of each tier's calls, per provider, and when
+        # each was last updated.
         self.longest: dict[str, list[float]] = {}
+        self._longest_at: dict[str, list[float]] = {}
         self.holding = False  # the last choose() kept a free slot for an adaptive hold
         self.set_weights([t.weight for t in settings.tiers])
 
@@ -190,14 +192,19 @@ class Policy:
     def mean_service(self, pool: str) -> float | None:
         return self.means.get(pool)
 
-    def served(self, pool: str, tier: int, service_s: float) -> None:
-        """A call of ``tier`` held a slot of ``pool`` for ``service_s``."""
+    def served(self, pool: str, tier: int, service_s: float, now: float) -> None:
+        """A call of ``tier`` held a slot of ``pool`` for ``service_s`` until ``now``."""
         old = self.means.get(pool, service_s)
         self.means[pool] = old + _SERVICE_EWMA_ALPHA * (service_s - old)
         per_tier = self.longest.get(pool)
         if per_tier is None:
             per_tier = self.longest[pool] = [0.0] * len(self._tiers)
-        per_tier[tier] = _longest(per_tier[tier], service_s)
+            self._longest_at[pool] = [now] * len(self._tiers)
+        stamps = self._longest_at[pool]
+        age = now - stamps[tier]
+        kept = per_tier[tier] * 0.5 ** (age / LONGEST_HALF_LIFE_S) if age > 0.0 else per_tier[tier]
+        per_tier[tier] = service_s if service_s > kept else kept
+        stamps[tier] = now
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,
@@ -227,11 +234,6 @@ class Policy:
 
     def set_reserves(self, reserves: Sequence[int | None]) -> None:
         self.reserves = list(reserves)
-
-
-def _longest(longest: float, service_s: float) -> float:
-    """The largest seen, moving a little towards each shorter one."""
-    return service_s if service_s > longest else longest + _LONGEST_DECAY * (service_s - longest)
 
 
 def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:

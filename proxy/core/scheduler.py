@@ -212,7 +212,7 @@ class Scheduler:
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
             delta = service_s - ticket.charged_s
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
-            self._policy.served(pool.name, ticket.current_tier, service_s)
+            self._policy.served(pool.name, ticket.current_tier, service_s, now)
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),

@@ -291,11 +291,11 @@ def empty_above() -> Scenario:
 
 
 def two_providers() -> Scenario:
-    """A model served by two providers (6 + 4 slots) at 1.2x of both for 60 s."""
+    """A model served by two providers (6 + 4 slots) at 1.2x of both for 180 s."""
     rng = random.Random(23)
     size = lognormal(rng, 1.5, 0.7, 10.0)
     calls = flows(rng, [(tier, share * 1.2 * 10 / 1.5, size) for tier, share in MIX_B],
-                  0.0, 60.0)
+                  0.0, 180.0)
     return Scenario("two-providers", "one model on two providers (6 + 4 slots) at 1.2x",
                     config({"p": 6, "q": 4}), tuple(calls))
 
