@@ -228,7 +228,8 @@ def _tiers(root: Node) -> tuple[TierSpec, ...]:
             TierSpec("normal", 2.0, 120.0), TierSpec("low", 1.0, 900.0),
         )
     tiers: list[TierSpec] = []
-    count = len(root.raw("tiers") or [])
+    listed = root.raw("tiers")
+    count = len(listed) if isinstance(listed, list) else 0
     for path, node in root.items("tiers"):
         name = node.string("name", required=True).strip()
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
