@@ -52,25 +52,24 @@ def slots_of(config: Config) -> dict[str, int]:
 
 
 def static_slots(slots: int, weights: Sequence[float]) -> list[int]:
-    """``slots`` divided by weight, every tier at least one while there are enough (largest
-    remainders), a tier of weight 0 none unless every weight is 0."""
+    """``slots`` divided by weight: one for each tier of weight above 0 while there are
+    enough (the most urgent first), the rest by weight (largest remainders); a tier of
+    weight 0 none unless every weight is 0."""
     count = len(weights)
-    total = sum(weights)
-    if not total:
-        weights, total = [1.0] * count, float(count)
-    shares = [slots * w / total for w in weights]
-    out = [int(s) for s in shares]
+    if not sum(weights):
+        weights = [1.0] * count
+    out = [0] * count
     for i, w in enumerate(weights):
-        if w and not out[i] and sum(out) < slots:
+        if w and sum(out) < slots:
             out[i] = 1
-    while sum(out) > slots:  # the minimums overshot: take back from the largest
-        out[max(range(count), key=lambda i: out[i])] -= 1
-    spare = sorted(range(count), key=lambda i: shares[i] - int(shares[i]), reverse=True)
-    for i in itertools.cycle(spare):
-        if sum(out) >= slots:
-            break
-        if weights[i]:
-            out[i] += 1
+    spare = slots - sum(out)
+    total = sum(weights)
+    shares = [spare * w / total for w in weights]
+    for i, share in enumerate(shares):
+        out[i] += int(share)
+    by_remainder = sorted(range(count), key=lambda i: shares[i] - int(shares[i]), reverse=True)
+    for i in by_remainder[:slots - sum(out)]:
+        out[i] += 1
     return out
 
 

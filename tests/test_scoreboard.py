@@ -1,0 +1,133 @@
+"""The scoreboard: every scenario under the proxy and the reference disciplines, and the
+policy's bounds (``proxy.sim.scoreboard``) holding on each; and the reference disciplines
+themselves on calls small enough to check by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.config.trace import TraceCall
+from proxy.sim.disciplines import reference, static_slots
+from proxy.sim.scenarios import BUILDERS, call, config
+from proxy.sim.scoreboard import Row, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def board() -> dict[str, Row]:
+    return {name: run(build()) for name, build in BUILDERS.items()}
+
+
+def test_the_library_has_the_workloads_the_policy_is_judged_on() -> None:
+    assert len(BUILDERS) >= 12
+    for name in ("seed-peak", "critical-2x", "noisy-neighbour", "weighted-keys",
+                 "empty-above", "throttled", "lying-estimates", "heavy-tail", "bursts"):
+        assert name in BUILDERS
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_bound_holds(board: dict[str, Row], name: str) -> None:
+    row = board[name]
+    failed = [f"{c.name}: {c.detail}" for c in row.checks if c.required and not c.ok]
+    assert not failed, failed
+
+
+def test_the_bounds_the_issue_names_are_checked_where_they_apply(board: dict[str, Row]) -> None:
+    """Each kind of bound is required on at least one scenario, so none can pass by never
+    applying."""
+    required = {c.name for row in board.values() for c in row.checks if c.required}
+    assert required >= {"urgent", "floors", "fits", "deadlines", "makespan", "idle", "keys",
+                        "within"}
+    seed = {c.name: c for c in board["seed-peak"].checks}
+    assert "0.1" in seed["urgent"].detail  # beside FCFS: at most 0.15x
+    light = next(c for c in board["noisy-neighbour"].checks if c.name == "keys")
+    assert light.ok and light.required
+
+
+def test_the_whole_scoreboard_takes_seconds(board: dict[str, Row]) -> None:
+    assert sum(row.took_s for row in board.values()) < 90.0
+
+
+def two_tiers(slots: int = 1) -> object:
+    return config(slots, [{"name": "high", "weight": 2, "max_wait_s": 100},
+                          {"name": "low", "weight": 1, "max_wait_s": 100}])
+
+
+def waits(calls: list[TraceCall], discipline: str, slots: int = 1) -> list[float]:
+    cfg = two_tiers(slots)
+    sim = reference(cfg, calls, [c.tier or "" for c in calls], discipline)  # type: ignore[arg-type]
+    return [round(o.wait_s, 6) for o in sim.outcomes]
+
+
+def test_fcfs_serves_in_arrival_order_and_priority_by_tier() -> None:
+    calls = [call(0.0, 1.0, "low"), call(0.1, 1.0, "low"), call(0.2, 1.0, "high")]
+    assert waits(calls, "fcfs") == [0.0, 0.9, 1.8]
+    assert waits(calls, "priority") == [0.0, 1.9, 0.8]
+
+
+def test_wfq_shares_slot_seconds_by_weight() -> None:
+    """Both tiers backlogged with 1 s calls, weights 2:1: high is served two calls for each
+    of low's."""
+    calls = [call(0.0, 1.0, tier) for tier in ("high", "low") for _ in range(30)]
+    cfg = two_tiers()
+    sim = reference(cfg, calls, [c.tier or "" for c in calls], "wfq")  # type: ignore[arg-type]
+    first = sorted((o.wait_s, o.tier) for o in sim.outcomes)[:30]
+    assert [t for _, t in first].count("high") == 20
+
+
+def test_a_call_gives_up_at_its_tiers_max_wait() -> None:
+    calls = [call(0.0, 500.0, "low"), call(1.0, 1.0, "high")]
+    cfg = two_tiers()
+    sim = reference(cfg, calls, ["low", "high"], "fcfs")  # type: ignore[arg-type]
+    assert sim.outcomes[1].code == "queue_timeout" and sim.outcomes[1].wait_s == 100.0
+
+
+@pytest.mark.parametrize(("slots", "weights", "expected"), [
+    (10, (4, 2, 1), [5, 3, 2]),          # one each, then the rest by weight
+    (4, (8, 4, 2, 1), [1, 1, 1, 1]),
+    (2, (8, 4, 2, 1), [1, 1, 0, 0]),
+    (10, (1, 0), [10, 0]),               # background owns nothing
+])
+def test_static_slots_follow_the_weights(slots: int, weights: tuple[float, ...],
+                                        expected: list[int]) -> None:
+    assert static_slots(slots, weights) == expected
+
+
+def test_static_slots_idle_while_another_tier_waits() -> None:
+    calls = [call(0.0, 1.0, "low"), call(0.0, 1.0, "low")]
+    assert waits(calls, "static", slots=3) == [0.0, 1.0]  # low owns one slot of three
+
+
+def test_the_command_lines(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"t": i * 0.1, "prompt_tokens": 10,
+                                         "output_tokens": 50, "tier": t}) + "\n"
+                             for i, t in enumerate(["low", "normal", "critical"] * 20)))
+    base = [sys.executable, "-m", "proxy", "simulate", "--config", str(ROOT / "routing.yaml"),
+            "--trace", str(trace)]
+    shown = subprocess.run([*base, "--compare", "fcfs,priority,wfq,static"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    assert "side by side:" in shown.stdout and "strict priority" in shown.stdout
+    report = json.loads(subprocess.run(
+        [*base, "--compare", "priority,wfq", "--json"], capture_output=True, text=True,
+        timeout=60, cwd=ROOT, check=True).stdout.splitlines()[-1])
+    assert set(report) >= {"priority", "wfq", "tiers", "keys"}
+    bad = subprocess.run([*base, "--compare", "lifo"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown discipline 'lifo'" in bad.stderr
+    board = subprocess.run([sys.executable, "-m", "proxy", "scoreboard", "--only",
+                            "critical-2x,noisy-neighbour", "--json"], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)
+    assert board.returncode == 0, board.stdout
+    scored = json.loads(board.stdout.splitlines()[-1])["scenarios"]
+    assert set(scored) == {"critical-2x", "noisy-neighbour"}
+    assert all(s["ok"] for s in scored.values())
+    unknown = subprocess.run([sys.executable, "-m", "proxy", "scoreboard", "--only", "nope"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert unknown.returncode == 2 and "unknown scenario 'nope'" in unknown.stderr
