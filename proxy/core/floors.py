@@ -76,6 +76,10 @@ class Floors:
             credit[t] = cap if value > cap else 0.0 if value < 0.0 else value
         return paid
 
+    def credits(self, pool: str) -> list[float] | None:
+        """Each tier's credit on ``pool`` (None: no tier has had any)."""
+        return self._credit.get(pool)
+
     def owed(self, pool: str, tier: int, unit: float) -> float:
         """How many longest calls ``tier`` is behind its floor on ``pool`` (at least 1:
         owed)."""

@@ -95,27 +95,34 @@ class Policy:
         """The call ``pool``'s next free slot goes to, with its gate; None: none may have it
         now (nothing eligible, or a hold keeps the slot)."""
         self.holding = False
-        queues = self._queues
         name = pool.name
+        counts = self._queues.counts(name)
         heads: dict[int, Choice] = {}
         urgent: int | None = None
-        owed: int | None = None
-        most = 1.0
         for tier in self.urgency:
-            if not queues.count(name, tier):
-                continue
-            head = self.head(pool, tier, now)
-            if head is None:
-                continue
-            heads[tier] = head
-            if urgent is None:
-                urgent = tier
-            behind = self.floors.owed(name, tier, self.unit(pool, tier))
-            if behind >= most:
-                owed, most = tier, behind
+            if counts[tier]:
+                head = self.head(pool, tier, now)
+                if head is not None:
+                    urgent, heads[tier] = tier, head
+                    break
         if urgent is None:
             return None
-        order = [urgent] if owed is None or owed == urgent else [owed, urgent]
+        owed: int | None = None
+        most = 1.0
+        credits = self.floors.credits(name)
+        if credits is not None:
+            for tier, credit in enumerate(credits):
+                if credit > 0.0 and counts[tier] and tier != urgent:
+                    behind = credit / self.unit(pool, tier)
+                    if behind >= most:
+                        owed, most = tier, behind
+        if owed is not None:
+            head = self.head(pool, owed, now)
+            if head is None:
+                owed = None  # its calls cannot use this provider now: urgency decides
+            else:
+                heads[owed] = head
+        order = [urgent] if owed is None else [owed, urgent]
         free = pool.free(now)
         for tier in order:
             if free > self.held_against(pool, tier, now) or self.used(tier, now) >= HOLD_PATIENCE:
