@@ -139,3 +139,45 @@ async def test_queued_past_the_tier_deadline_gets_queue_timeout(
         assert (await resp.json())["error"]["code"] == "queue_timeout"
         assert int(resp.headers["retry-after"]) >= 1
         assert (await blocker).status == 200
+
+
+async def test_a_light_key_is_not_queued_behind_another_keys_burst(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    """Two keys of one tier, one slot: a key's burst of 12 calls is queued; another key's
+    call, sent after all of them, is the next one served; /admin/status and /metrics show
+    each key's share of its tier and its waits."""
+    fake = FakeUpstream(hold_s=0.05)
+    keys = {"keys": [{"name": "heavy", "key": "heavy-secret", "tier": "normal"},
+                     {"name": "light", "key": "light-secret", "tier": "normal"}]}
+    server = await one_slot_proxy(aiohttp_server, counter, fake, classify=keys)
+    scheduler = server.app[SERVICE].scheduler
+    url = server.make_url("/v1/chat/completions")
+
+    def as_key(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {name}-secret"}
+
+    async with ClientSession() as session:
+        blocker = asyncio.create_task(session.post(url, json=chat("heavy"),
+                                                   headers=as_key("heavy")))
+        await until(lambda: fake.active == 1)
+        burst = [asyncio.create_task(session.post(url, json=chat("heavy"),
+                                                  headers=as_key("heavy")))
+                 for _ in range(12)]
+        await until(lambda: scheduler.depth(2) == 12)
+        light = asyncio.create_task(session.post(url, json=chat("light"),
+                                                 headers=as_key("light")))
+        await until(lambda: scheduler.depth(2) == 13)
+        status = scheduler.snapshot(0.0)["tiers"][2]["keys"]  # type: ignore[index]
+        assert status["heavy"]["queued"] == 12 and status["light"]["queued"] == 1
+        responses = await asyncio.gather(blocker, *burst, light)
+        assert [r.status for r in responses] == [200] * 14
+        async with session.get(server.make_url("/admin/status")) as answer:
+            shown = (await answer.json())["scheduler"]["tiers"][2]["keys"]
+        async with session.get(server.make_url("/metrics")) as answer:
+            metrics = await answer.text()
+    served = [s.body["messages"][0]["content"] for s in fake.seen]
+    assert served.index("light") == 1  # the very next call after the one running
+    assert set(shown) == {"heavy", "light"} and shown["heavy"]["share"] > shown["light"]["share"]
+    assert 'proxy_key_queue_wait_seconds_count{key="light"} 1.0' in metrics
+    assert 'proxy_key_served_seconds_total{key="heavy",tier="normal"}' in metrics

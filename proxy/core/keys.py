@@ -15,10 +15,16 @@ With one key (no keys configured: every caller is one), the order is arrival ord
 
 from __future__ import annotations
 
+import math
+
 from .lru import Lru
 
 # Keys remembered per tier; one forgotten simply starts afresh at the tier's virtual time.
 MAX_KEYS = 100_000
+# What /admin/status shows of the keys' shares: slot-seconds served, an EWMA over this long,
+# and at most this many keys per tier (the busiest).
+SHARE_HORIZON_S = 60.0
+SHOWN_KEYS = 50
 
 
 class KeyTags:
@@ -47,3 +53,52 @@ class KeyTags:
         found = finish.get(key)
         if found is not None:
             finish[key] = found + delta_s / weight
+
+
+class KeyStats:
+    """Per (tier, key): calls queued, slot-seconds served lately (an EWMA over
+    ``SHARE_HORIZON_S``) and the mean wait of its calls lately, for ``/admin/status``."""
+
+    def __init__(self, tiers: int) -> None:
+        self._tiers = tiers
+        self._stats: Lru[tuple[int, str], list[float]] = Lru(MAX_KEYS)  # [s, stamp, n, wait]
+
+    def _get(self, tier: int, key: str) -> list[float]:
+        found = self._stats.get((tier, key))
+        if found is None:
+            found = [0.0, -math.inf, 0.0, 0.0]
+            self._stats[(tier, key)] = found
+        return found
+
+    def queued(self, tier: int, key: str, delta: int) -> None:
+        self._get(tier, key)[2] += delta
+
+    def served(self, tier: int, key: str, seconds: float, now: float,
+               wait_s: float | None = None) -> None:
+        stats = self._get(tier, key)
+        stats[0] = _decayed(stats, now) + seconds
+        stats[1] = now
+        if wait_s is not None:
+            stats[3] += 0.1 * (wait_s - stats[3]) if stats[3] else wait_s
+
+    def snapshot(self, now: float) -> list[dict[str, dict[str, float]]]:
+        """Per tier, its keys (the busiest ``SHOWN_KEYS``): ``queued``, ``share`` of the
+        tier's recent slot-seconds, ``served_s`` and ``mean_wait_s``."""
+        tiers: list[list[tuple[str, list[float], float]]] = [[] for _ in range(self._tiers)]
+        for (tier, key), stats in self._stats.items():
+            if tier < self._tiers:
+                tiers[tier].append((key, stats, _decayed(stats, now)))
+        out = []
+        for keys in tiers:
+            total = sum(served for _, _, served in keys) or 1.0
+            busiest = sorted(keys, key=lambda k: (-k[2], -k[1][2]))[:SHOWN_KEYS]
+            out.append({key or "(none)": {
+                "queued": int(stats[2]), "served_s": round(served, 3),
+                "share": round(served / total, 4), "mean_wait_s": round(stats[3], 3)}
+                for key, stats, served in busiest if served > 1e-9 or stats[2]})
+        return out
+
+
+def _decayed(stats: list[float], now: float) -> float:
+    age = now - stats[1]
+    return stats[0] * math.exp(-age / SHARE_HORIZON_S) if age > 0.0 else stats[0]

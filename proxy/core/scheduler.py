@@ -32,7 +32,7 @@ from .capacity import Capacity, Gate, Pool, all_down, first_open
 from .floors import Floors
 from .generations import TierMaps
 from .headroom import Headroom
-from .keys import KeyTags
+from .keys import KeyStats, KeyTags
 from .policy import HOLD_PATIENCE, Policy
 from .scheduler_queues import TicketQueues
 from .scheduler_types import (
@@ -84,13 +84,14 @@ class Scheduler:
         self._tiers = settings.tiers
         count = len(settings.tiers)
         promote = settings.tier_promote_after_s
+        self._key_stats = KeyStats(count)
         self._queues = TicketQueues(
             count, settings.levels,
             [[min(after, LEVEL_AGING * t.max_wait_s) for after in settings.promote_after_s]
              for t in settings.tiers],
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
-            self._capacity.gates_by_pool,
+            self._capacity.gates_by_pool, self._key_stats.queued,
         )
         weights = [t.weight for t in settings.tiers]
         self._floors = Floors(weights)
@@ -218,6 +219,7 @@ class Scheduler:
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
                                self._policy.credit_cap(pool), ticket.floor_paid_s)
             self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
+            self._key_stats.served(tier, ticket.key, delta, now)
         self._fill(pool, now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
@@ -338,8 +340,10 @@ class Scheduler:
         return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
+        keys = self._key_stats.snapshot(now)
         tiers = [{"name": spec.name, "weight": self._floors.weights[i],
-                  **self._queues.snapshot(i, now)} for i, spec in enumerate(self._tiers)]
+                  **self._queues.snapshot(i, now), "keys": keys[i]}
+                 for i, spec in enumerate(self._tiers)]
         providers = {
             name: {**pool.snapshot(now), "held_back": self._policy.held(pool, now),
                    "floor_credit_s": self._floors.snapshot(name),
@@ -390,6 +394,7 @@ class Scheduler:
                 pool.name, tier, charged, self._queues.counts(pool.name),
                 self._policy.credit_cap(pool))
         self._keys.started(tier, ticket.tag)
+        self._key_stats.served(tier, ticket.key, charged, now, now - ticket.queued_at)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:

@@ -73,12 +73,14 @@ GateResolver = Callable[[tuple[str, ...]], dict[str, tuple[Gate, ...]]]
 
 class TicketQueues:
     def __init__(self, tiers: int, levels: int, promote_after_s: Sequence[Sequence[float]],
-                 tier_promote_after_s: Sequence[float], resolve: GateResolver) -> None:
+                 tier_promote_after_s: Sequence[float], resolve: GateResolver,
+                 on_count: Callable[[int, str, int], None] | None = None) -> None:
         """``promote_after_s[tier][level]``: how long a call waits at a level of a tier
         before it moves up one."""
         self._tiers = tiers
         self._levels = levels
         self._promote_after = tuple(tuple(p) for p in promote_after_s)
+        self._on_count = on_count  # (tier, key, +1 / -1) whenever a ticket joins or leaves
         self._tier_promote_after = tuple(tier_promote_after_s)
         self._resolve = resolve
         self._lanes: dict[tuple[int, int, tuple[str, ...]], Lane] = {}
@@ -256,6 +258,8 @@ class TicketQueues:
 
     def _count(self, ticket: Ticket, delta: int) -> None:
         tier = ticket.current_tier
+        if self._on_count is not None:
+            self._on_count(tier, ticket.key, delta)
         self.depth[tier] += delta
         self.level_depth[tier][ticket.level] += delta
         self.queued_s[tier] += delta * ticket.est_service_s

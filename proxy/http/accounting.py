@@ -18,6 +18,7 @@ def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Us
     metrics.tokens.get(deployment.provider, "completion").inc(usage.completion_tokens)
     cost = deployment.cost(usage.prompt_tokens, usage.completion_tokens)
     metrics.cost.get(plan.caller, plan.tier_name).inc(cost)
+    metrics.key_served.get(plan.caller, plan.tier_name).inc(took_s)
     service.budgets.charge(plan.caller, cost, service.clock.wall())
     if plan.output_tokens and usage.reported:
         metrics.estimate_error.get("output_tokens").observe(

@@ -87,6 +87,7 @@ th:first-child,td:first-child,th.text,td.text{text-align:left}
 </div>
 <div class="grid">
 <div class="panel"><h2>Tiers</h2><table id="tiers"></table></div>
+<div class="panel"><h2>Keys: their share of their tier lately</h2><table id="keys"></table></div>
 <div class="panel"><h2>Providers</h2><table id="providers"></table></div>
 </div>
 <div class="grid">

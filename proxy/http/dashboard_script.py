@@ -190,6 +190,19 @@ function render(snap, first) {
       cell(count(running[i]), "running", running[i]),
     ])), "no tiers");
 
+  const keyRows = [];
+  status.scheduler.tiers.forEach((t) => {
+    Object.entries(t.keys || {}).forEach(([key, k]) => keyRows.push(
+      row("data-key-share", t.name + "/" + key, [
+        cell(key, "key"), cell(t.name, "tier", null, "text"),
+        cell(count(k.queued), "queued", k.queued),
+        cell(Math.round(k.share * 100) + " %", "share", k.share),
+        cell(seconds(k.mean_wait_s), "mean_wait_s", k.mean_wait_s),
+      ])));
+  });
+  table("keys", ["key", "tier", "queued", "share of its tier", "mean wait"], keyRows,
+    "no calls yet");
+
   table("providers", ["provider", "kind", "in flight", "limit", "max", "breaker", "429s",
                       "paused", "retry budget"],
     providers.map((name) => {

@@ -219,8 +219,9 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 else:
                     tier_name = _tier(service, exchange)[1]
                     exchange.request[RECORD].tier = tier_name
-                    service.metrics.queue_wait.get(tier_name).observe(
-                        ticket.dispatched_at - ticket.queued_at)
+                    waited = ticket.dispatched_at - ticket.queued_at
+                    service.metrics.queue_wait.get(tier_name).observe(waited)
+                    service.metrics.key_wait.get(exchange.plan.caller).observe(waited)
                     # While it waited, an identical call may have filled the cache, or the
                     # key spent its budget: the slot then goes back unused.
                     hit = _cached(service, exchange, tier_name)

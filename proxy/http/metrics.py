@@ -93,6 +93,16 @@ class Metrics:
             "proxy_queue_wait_seconds", "Time calls waited for an upstream slot.",
             ["tier"], buckets=WAIT_BUCKETS, registry=r,
         ))
+        self.key_wait = Family(ChildHistogram(
+            "proxy_key_queue_wait_seconds", "Time calls waited for an upstream slot, by key "
+            "(its configured name; anonymous without keys).", ["key"], buckets=WAIT_BUCKETS,
+            registry=r,
+        ))
+        self.key_served = Family(ChildCounter(
+            "proxy_key_served_seconds", "Upstream slot-seconds served, by key and tier: a "
+            "key's share of its tier is its part of the tier's sum.", ["key", "tier"],
+            registry=r,
+        ))
         self.queue_depth = Family(Gauge(
             "proxy_queue_depth", "Calls waiting, by tier.", ["tier"], registry=r,
         ))
