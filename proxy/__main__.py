@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--details", action="store_true",
                        help="each bound's figures and the disciplines side by side")
     board.add_argument("--json", action="store_true", help="one JSON object, on the last line")
+    board.add_argument("--markdown", action="store_true", help="the table in Markdown")
     fitting = commands.add_parser(
         "fit", help="fit each provider's simulate: timing from a JSON access log")
     fitting.add_argument("--log", required=True, help="the proxy's JSON access log")
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scoreboard":
         from .sim.cli import scoreboard_command
 
-        return scoreboard_command(args.only, args.details, args.json)
+        return scoreboard_command(args.only, args.details, args.json, args.markdown)
     if args.command == "fit":
         from .sim.fit import fit_command
 

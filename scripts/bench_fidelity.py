@@ -7,6 +7,10 @@ as the upstream, calls sent at the trace's arrival times) and simulated
 The provider's timing is the same on both sides: ``ttft_s`` + output / ``tokens_per_s``,
 the output being the trace's ``GeneratedTokens`` (sent as ``max_tokens``; the simulated
 upstream produces exactly that many, up to 4096).
+
+``--scenario NAME`` replays one of the scoreboard's scenarios (``proxy.sim.scenarios``)
+instead, on its own routing table, each call with its tier (``X-Priority``) and key; the
+waits are compared per tier and per key.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import sys
 import time
 
 import aiohttp
+import yaml
 from bench_common import children, loop_factory, percentile
 
 from proxy.config import load_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
 from proxy.sim.run import simulate
+from proxy.sim.scenarios import BUILDERS
 
 KEYS = (("chat", "high", 0.3), ("analytics", "normal", 0.3), ("batch", "low", 0.4))
 CONFIG = """\
@@ -70,9 +76,10 @@ def _bounds() -> list[tuple[str, str, float]]:
     return out
 
 
-async def live(url: str, calls: list[TraceCall]) -> tuple[list[tuple[str, float]], float]:
-    """(tier, queue seconds) per answered call, and the makespan."""
-    results: list[tuple[str, float]] = []
+async def live(url: str, calls: list[TraceCall],
+               secret: str = "{}-key") -> tuple[list[tuple[str, str, float]], float]:
+    """(tier, key, queue seconds) per answered call, and the makespan."""
+    results: list[tuple[str, str, float]] = []
     ends: list[float] = []
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -83,11 +90,14 @@ async def live(url: str, calls: list[TraceCall]) -> tuple[list[tuple[str, float]
             await asyncio.sleep(max(0.0, started + call.t - time.monotonic()))
             body = {"model": "m", "max_tokens": call.max_tokens, "messages": [
                 {"role": "user", "content": "hello " * max(call.prompt_tokens - 8, 1)}]}
-            async with session.post(f"{url}/v1/chat/completions", json=body, headers={
-                    "Authorization": f"Bearer {call.key}-key"}) as resp:
+            headers = {"Authorization": f"Bearer {secret.format(call.key or 'none')}"}
+            if call.tier:
+                headers["X-Priority"] = call.tier
+            async with session.post(f"{url}/v1/chat/completions", json=body,
+                                    headers=headers) as resp:
                 await resp.read()
                 if resp.status == 200:
-                    results.append((resp.headers["x-proxy-tier"],
+                    results.append((resp.headers["x-proxy-tier"], call.key or "",
                                     int(resp.headers["x-proxy-queue-ms"]) / 1000))
                 ends.append(time.monotonic())
 
@@ -108,7 +118,11 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=6, help="the provider's slots")
     parser.add_argument("--ttft", type=float, default=0.2)
     parser.add_argument("--rate", type=float, default=250.0, help="output tokens per s")
+    parser.add_argument("--scenario", choices=sorted(BUILDERS),
+                        help="a scoreboard scenario instead of a trace slice")
     args = parser.parse_args()
+    if args.scenario is not None:
+        return scenario(args.scenario)
     calls = the_calls(args.start, args.seconds)
     with children("bench_fidelity.") as kids:
         config_path = kids.logs / "fidelity.yaml"
@@ -127,19 +141,55 @@ def main() -> int:
           f"(simulated in {sim_took:.2f} s)")
     print(f"{'tier':<8}{'n':>6}{'live mean':>11}{'sim mean':>10}{'live p99':>10}"
           f"{'sim p99':>9}   within")
-    for _, tier, _ in KEYS:
-        live_waits = [w for t, w in measured if t == tier]
-        sim_waits = [o.wait_s for o in predicted.outcomes if o.tier == tier and o.code is None]
+    compare([(tier, [w for t, _, w in measured if t == tier],
+              [o.wait_s for o in predicted.outcomes if o.tier == tier and o.code is None])
+             for _, tier, _ in KEYS], live_span, predicted.makespan_s)
+    return 0
+
+
+def compare(rows: list[tuple[str, list[float], list[float]]], live_span: float,
+            sim_span: float) -> None:
+    """One line per (name, live waits, simulated waits): means and p99s, and whether they
+    agree within 15 % (0.5 s where waits are short); then the makespans."""
+    for name, live_waits, sim_waits in rows:
         (lm, lp), (sm, sp) = stats(live_waits), stats(sim_waits)
 
         def close(a: float, b: float) -> bool:
             return abs(a - b) <= max(0.15 * a, 0.5)
 
-        print(f"{tier:<8}{len(live_waits):>6}{lm:>10.2f}s{sm:>9.2f}s{lp:>9.2f}s{sp:>8.2f}s   "
+        print(f"{name:<12}{len(live_waits):>6}{lm:>10.2f}s{sm:>9.2f}s{lp:>9.2f}s{sp:>8.2f}s   "
               f"{'yes' if close(lm, sm) and close(lp, sp) else 'NO'}")
-    span_ok = abs(live_span - predicted.makespan_s) <= 0.05 * live_span
-    print(f"makespan live {live_span:.1f} s, simulated {predicted.makespan_s:.1f} s "
+    span_ok = abs(live_span - sim_span) <= 0.05 * live_span
+    print(f"makespan live {live_span:.1f} s, simulated {sim_span:.1f} s "
           f"({'within' if span_ok else 'NOT within'} 5 %)")
+
+
+def scenario(name: str) -> int:
+    """A scoreboard scenario live against ``serve`` and simulated, per tier and per key."""
+    chosen = BUILDERS[name]()
+    calls = list(chosen.calls)
+    with children("bench_fidelity.") as kids:
+        config_path = kids.logs / "scenario.yaml"
+        config_path.write_text(yaml.safe_dump(
+            {**chosen.table, "listen": {"host": "127.0.0.1", "port": 0}}))
+        config = load_config(config_path)
+        predicted = simulate(config, calls)
+        kids.start("proxy", [sys.executable, "-m", "proxy", "serve", "--config",
+                             str(config_path), "--log-level", "WARNING"])
+        url = kids.wait_listening("proxy")
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            measured, live_span = runner.run(live(url, calls, secret="secret-{}"))
+    print(f"{name}: {chosen.about} ({len(calls)} calls)")
+    print(f"{'tier / key':<12}{'n':>6}{'live mean':>11}{'sim mean':>10}{'live p99':>10}"
+          f"{'sim p99':>9}   within")
+    rows = [(tier, [w for t, _, w in measured if t == tier],
+             [o.wait_s for o in predicted.outcomes if o.tier == tier and o.code is None])
+            for tier in config.tier_names if any(t == tier for t, _, _ in measured)]
+    keys = sorted({k for _, k, _ in measured if k})
+    rows += [(f"key {key}", [w for _, k, w in measured if k == key],
+              [o.wait_s for o in predicted.outcomes if o.key == key and o.code is None])
+             for key in keys] if len(keys) > 1 else []
+    compare(rows, live_span, predicted.makespan_s)
     return 0
 
 

@@ -14,7 +14,7 @@ from .html import page
 from .report import TITLES, compare_table, summary, table
 from .run import simulate
 from .scenarios import BUILDERS
-from .scoreboard import details, run
+from .scoreboard import details, markdown, run
 from .scoreboard import table as board
 
 
@@ -75,7 +75,8 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
     return 0
 
 
-def scoreboard_command(only: str | None, detailed: bool, as_json: bool) -> int:
+def scoreboard_command(only: str | None, detailed: bool, as_json: bool,
+                       as_markdown: bool = False) -> int:
     """Every scenario (or ``only`` these) under the proxy and the reference disciplines;
     exit status 1 when a bound fails."""
     names = [n.strip() for n in (only or "").split(",") if n.strip()] or list(BUILDERS)
@@ -99,7 +100,7 @@ def scoreboard_command(only: str | None, detailed: bool, as_json: bool) -> int:
                                 "checks": [vars(c) for c in row.checks],
                                 "disciplines": row.reports} for row in rows}}))
     else:
-        print(board(rows))
+        print(markdown(rows) if as_markdown else board(rows))
         failed = [c.name for row in rows for c in row.checks if not c.ok and c.required]
         beyond = [c.name for row in rows for c in row.checks if not c.ok and not c.required]
         print(f"{len(rows)} scenarios in {took:.1f} s; "

@@ -10,6 +10,7 @@ low 1 / 900 s) unless a scenario writes its own table.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -37,19 +38,32 @@ TRACE_PRIORS: dict[str, object] = {"ttft_s": 0.2, "prefill_seconds_per_token": 0
 class Scenario:
     name: str
     about: str
-    config: Config
+    table: dict[str, object]  # the routing table, as routing.yaml would hold it
     calls: tuple[TraceCall, ...]
     light_key: str | None = None  # its p90 wait is bounded beside another key's burst
     weighted_keys: tuple[str, str] | None = None  # (heavier, lighter): served 2-4x
     low_within: tuple[str, float] | None = None  # (tier, s): half its calls served by then
     notes: tuple[str, ...] = field(default=())
 
+    @functools.cached_property
+    def config(self) -> Config:
+        return parse_config(self.table, {})
+
 
 def config(slots: int | dict[str, int], tiers: Sequence[dict[str, object]] = SHIPPED_TIERS,
            keys: Sequence[Mapping[str, object]] = (), scheduler: dict[str, object] | None = None,
            timing: Mapping[str, object] | None = None,
            priors: Mapping[str, object] | None = None) -> Config:
-    """A routing table with one model ``m`` whose candidates are the providers, in order."""
+    """``table(...)``, parsed."""
+    return parse_config(table(slots, tiers, keys, scheduler, timing, priors), {})
+
+
+def table(slots: int | dict[str, int], tiers: Sequence[dict[str, object]] = SHIPPED_TIERS,
+          keys: Sequence[Mapping[str, object]] = (), scheduler: dict[str, object] | None = None,
+          timing: Mapping[str, object] | None = None,
+          priors: Mapping[str, object] | None = None) -> dict[str, object]:
+    """A routing table with one model ``m`` whose candidates are the providers, in order;
+    key ``k`` authenticates with ``secret-k``."""
     pools = slots if isinstance(slots, dict) else {"p": slots}
     simulate = timing or {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S}
     data: dict[str, object] = {
@@ -70,7 +84,7 @@ def config(slots: int | dict[str, int], tiers: Sequence[dict[str, object]] = SHI
             "ttft_s": 0.0, "seconds_per_token": 1 / TOKENS_PER_S,
             "prefill_seconds_per_token": 0.0},
     }
-    return parse_config(data, {})
+    return data
 
 
 def call(t: float, service_s: float, tier: str, key: str | None = None,
@@ -120,7 +134,7 @@ def seed_peak(chat_tier: str = "high") -> Scenario:
                         ("low", 0.3, fixed(10.0))], 0.0, 30.0)
     name = "seed-peak" if chat_tier == "high" else f"seed-peak-{chat_tier}"
     return Scenario(name, f"10 slots, chat ({chat_tier}) / analysis / brief at 1.3x for 30 s",
-                    config(10), tuple(calls))
+                    table(10), tuple(calls))
 
 
 def critical_overload(factor: float) -> Scenario:
@@ -131,7 +145,7 @@ def critical_overload(factor: float) -> Scenario:
     calls = [call(i / rate, 0.5, "critical") for i in range(int(15 * rate))]
     calls += [call(0.3, 0.5, "low") for _ in range(10)]
     return Scenario(f"critical-{factor:g}x", f"4 slots, critical at {factor:g}x for 15 s beside "
-                    "10 low calls", config(4, tiers), tuple(sorted(calls, key=lambda c: c.t)),
+                    "10 low calls", table(4, tiers), tuple(sorted(calls, key=lambda c: c.t)),
                     low_within=("low", 20.0))
 
 
@@ -144,7 +158,7 @@ def urgent_overload(factor: float) -> Scenario:
     calls = flows(rng, [("critical", 0.75 * urgent, size), ("high", 0.25 * urgent, size),
                         ("normal", 0.15 * 8, size), ("low", 0.1 * 8, size)], 0.0, 30.0)
     return Scenario(f"urgent-{factor:g}x", f"8 slots, critical+high at {factor:g}x for 30 s "
-                    "over normal and low", config(8), tuple(calls))
+                    "over normal and low", table(8), tuple(calls))
 
 
 def noisy_neighbour() -> Scenario:
@@ -154,7 +168,7 @@ def noisy_neighbour() -> Scenario:
     calls = [call(0.0, 0.5, "normal", "heavy") for _ in range(200)]
     calls += [call(0.01 + i * 0.5, 0.5, "normal", "light") for i in range(80)]
     return Scenario("noisy-neighbour", "4 slots: one key's 200-call burst beside another "
-                    "key's steady quarter", config(4, keys=keys),
+                    "key's steady quarter", table(4, keys=keys),
                     tuple(sorted(calls, key=lambda c: c.t)), light_key="light")
 
 
@@ -164,7 +178,7 @@ def weighted_keys() -> Scenario:
                                      {"name": "bronze", "tier": "normal"}]
     calls = [call(0.0, 0.5, "normal", k) for _ in range(300) for k in ("gold", "bronze")]
     return Scenario("weighted-keys", "4 slots: keys of weight 3 and 1, both backlogged",
-                    config(4, keys=keys), tuple(calls), weighted_keys=("gold", "bronze"))
+                    table(4, keys=keys), tuple(calls), weighted_keys=("gold", "bronze"))
 
 
 def _mix(calls: Sequence[TraceCall], shares: Sequence[tuple[str, float]],
@@ -198,7 +212,7 @@ def conversation(slots: int, mix: str) -> Scenario:
                                                         slots)
     return Scenario(f"conversation-{slots}-{mix}", f"{slots} slots, the Azure conversation "
                     f"trace at 1.15x, tiers {_mix_name(mix)}",
-                    config(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
+                    table(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
 
 
 def code(slots: int, mix: str) -> Scenario:
@@ -220,7 +234,7 @@ def code(slots: int, mix: str) -> Scenario:
     tiered = _mix(rows, MIX_A if mix == "a" else MIX_B, slots + 1)
     return Scenario(f"code-{slots}-{mix}", f"{slots} slots, a code-trace shape at about 1.2x, "
                     f"tiers {_mix_name(mix)}",
-                    config(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
+                    table(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
 
 
 def _mix_name(mix: str) -> str:
@@ -236,7 +250,7 @@ def bursts() -> Scenario:
                         ("low", 0.4 * 8 / 2.0, lognormal(rng, 2.0, 0.6, 12.0))], 0.0, 120.0)
     calls += [call(b * 10.0 + i * 0.02, 1.0, "high") for b in range(12) for i in range(30)]
     return Scenario("bursts", "8 slots: 30-call bursts of high every 10 s over normal and low",
-                    config(8), tuple(sorted(calls, key=lambda c: c.t)))
+                    table(8), tuple(sorted(calls, key=lambda c: c.t)))
 
 
 def heavy_tail() -> Scenario:
@@ -249,7 +263,7 @@ def heavy_tail() -> Scenario:
     mean = sum(pareto() for _ in range(20_000)) / 20_000
     rate = 1.2 * 8 / mean
     calls = flows(rng, [(tier, share * rate, pareto) for tier, share in MIX_B], 0.0, 300.0)
-    return Scenario("heavy-tail", "8 slots at 1.2x, Pareto sizes (0.3 s to 120 s)", config(8),
+    return Scenario("heavy-tail", "8 slots at 1.2x, Pareto sizes (0.3 s to 120 s)", table(8),
                     tuple(calls))
 
 
@@ -268,7 +282,7 @@ def lying_estimates() -> Scenario:
                 c = TraceCall(c.t, 0, c.output_tokens, tier=tier)
             out.append(c)
     return Scenario("lying-estimates", "6 slots at 1.2x: low over-claims 40x, normal claims "
-                    "nothing", config(6), tuple(sorted(out, key=lambda c: c.t)))
+                    "nothing", table(6), tuple(sorted(out, key=lambda c: c.t)))
 
 
 def throttled() -> Scenario:
@@ -278,7 +292,7 @@ def throttled() -> Scenario:
     calls = flows(rng, [(tier, share * 1.2 * 6, size) for tier, share in MIX_B], 0.0, 150.0)
     timing: dict[str, object] = {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S, "capacity": 6}
     return Scenario("throttled", "16 slots configured, 429 past 6, at 1.2x of 6",
-                    config(16, timing=timing), tuple(calls))
+                    table(16, timing=timing), tuple(calls))
 
 
 def empty_above() -> Scenario:
@@ -287,7 +301,7 @@ def empty_above() -> Scenario:
     size = lognormal(rng, 2.0, 0.7, 15.0)
     calls = flows(rng, [("normal", 0.8 * 8 / 2.0, size), ("low", 0.5 * 8 / 2.0, size)], 0.0, 60.0)
     return Scenario("empty-above", "8 slots: normal 0.8 and low 0.5 of the capacity, no "
-                    "critical or high", config(8), tuple(calls))
+                    "critical or high", table(8), tuple(calls))
 
 
 def two_providers() -> Scenario:
@@ -297,7 +311,7 @@ def two_providers() -> Scenario:
     calls = flows(rng, [(tier, share * 1.2 * 10 / 1.5, size) for tier, share in MIX_B],
                   0.0, 180.0)
     return Scenario("two-providers", "one model on two providers (6 + 4 slots) at 1.2x",
-                    config({"p": 6, "q": 4}), tuple(calls))
+                    table({"p": 6, "q": 4}), tuple(calls))
 
 
 BUILDERS: dict[str, Callable[[], Scenario]] = {

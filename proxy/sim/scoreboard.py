@@ -353,3 +353,39 @@ def details(row: Row) -> str:
     out += [f"  {'ok  ' if c.ok else 'FAIL' if c.required else '(no)'} {c.name}: {c.detail}"
             for c in row.checks]
     return "\n".join(out)
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """The scoreboard as a Markdown table: per scenario, the most urgent tier's p99 wait
+    under the proxy, strict priority and FCFS; timeouts under the proxy, WFQ and strict
+    priority; the makespan against FCFS's; and the bounds that hold (beyond their
+    condition in brackets)."""
+    lines = ["| scenario | most urgent p99: proxy / priority / FCFS | timeouts: proxy / wfq "
+             "/ priority | makespan / FCFS | bounds |", "|---|---|---|---|---|"]
+    for row in rows:
+        reports = row.reports
+        tiers = reports["proxy"]["tiers"]
+        assert isinstance(tiers, dict)
+        top = next((t for t, v in tiers.items() if v["n"]), None)
+
+        def p99(name: str) -> str:
+            found = reports[name]["tiers"]
+            assert isinstance(found, dict)
+            return "-" if top is None else f"{found[top]['p99']:.2f}"
+
+        def timeouts(name: str) -> int:
+            found = reports[name]["tiers"]
+            assert isinstance(found, dict)
+            return sum(int(t["timeouts"]) for t in found.values())
+
+        span = float(reports["fcfs"]["makespan_s"])  # type: ignore[arg-type]
+        ratio = float(reports["proxy"]["makespan_s"]) / span if span else 1.0  # type: ignore[arg-type]
+        held = sorted({c.name for c in row.checks if c.ok})
+        beyond = sorted({c.name for c in row.checks if not c.ok and not c.required})
+        failed = sorted({c.name for c in row.checks if not c.ok and c.required})
+        verdict = ", ".join(held) + (f" ({', '.join(beyond)} beyond)" if beyond else "") + (
+            f"; FAILS {', '.join(failed)}" if failed else "")
+        lines.append(f"| {row.scenario.name} | {top}: {p99('proxy')} / {p99('priority')} / "
+                     f"{p99('fcfs')} s | {timeouts('proxy')} / {timeouts('wfq')} / "
+                     f"{timeouts('priority')} | {ratio:.3f} | {verdict} |")
+    return "\n".join(lines)
