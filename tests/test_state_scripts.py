@@ -26,19 +26,21 @@ class Lua:
         self._rate = client.register_script(scripts.RATE)
         self._cut = client.register_script(scripts.CUT)
 
-    def batch(self, releases: list[tuple[str, int]], acquires: list[tuple[str, int, int, int]],
+    def batch(self, releases: list[tuple[str, int]],
+              acquires: list[tuple[str, int, int, int, str, float, int]],
               ttl: int = TTL, provider: str = "p") -> list[int]:
         args: list[Any] = [self.p, ttl, len(releases)]
         for member, limit in releases:
             args += [provider, member, limit]
         args.append(len(acquires))
-        for member, limit, rank, waited_ms in acquires:
-            args += [provider, member, limit, rank, waited_ms]
+        for member, limit, rank, waited_ms, key, weight, claim_ms in acquires:
+            args += [provider, member, limit, rank, waited_ms, key, weight, claim_ms]
         return [int(flag) for flag in self._batch(args=args)]
 
     def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
-                ttl: int = TTL) -> int:
-        return self.batch([], [(member, limit, rank, waited_ms)], ttl=ttl)[0]
+                ttl: int = TTL, key: str = "", weight: float = 1.0, claim_ms: int = 0) -> int:
+        return self.batch([], [(member, limit, rank, waited_ms, key, weight, claim_ms)],
+                          ttl=ttl)[0]
 
     def release(self, member: str, limit: int = 2) -> None:
         self.batch([(member, limit)], [])
@@ -76,6 +78,21 @@ def test_slots_are_granted_up_to_the_limit_then_callers_wait(lua: Lua) -> None:
     assert lua.acquire("a|2|p") == 1
     assert lua.acquire("b|1|p") == 0
     assert sorted(lua.leases()) == ["a|1|p", "a|2|p"]
+
+
+def test_a_keys_burst_queues_behind_itself_and_another_keys_call_goes_first(lua: Lua) -> None:
+    """VirtualClock: each of a key's calls moves its clock on by its claim over its weight,
+    so a later call of another key starts before the burst's later calls; with no claim
+    the order is arrival order."""
+    lua.acquire("a|1|p", limit=1)
+    for n in range(2, 6):
+        lua.acquire(f"a|{n}|p", limit=1, key="heavy", claim_ms=10_000)
+    lua.acquire("b|1|p", limit=1, key="light", claim_ms=10_000)
+    lua.release("a|1|p", limit=1)
+    assert lua.leases() == ["a|2|p"]  # the burst's first call came first
+    lua.release("a|2|p", limit=1)
+    assert lua.leases() == ["b|1|p"]  # then the light key's, before the burst's second
+    assert lua.client.pttl(lua.p + "vclock:p") > 0
 
 
 def test_acquire_again_for_a_granted_member_is_granted_once(lua: Lua) -> None:
@@ -231,9 +248,10 @@ def test_a_smaller_actual_use_gives_tokens_back(lua: Lua) -> None:
 def test_a_batch_gives_back_first_and_hands_the_slot_to_the_best_waiter(lua: Lua) -> None:
     lua.acquire("a|1|p", limit=1)
     lua.acquire("b|1|p", limit=1, rank=0, waited_ms=5_000)  # waiting, the best
-    flags = lua.batch([("a|1|p", 1)], [("c|1|p", 1, 0, 0), ("d|1|p", 1, 0, 0)])
+    flags = lua.batch([("a|1|p", 1)], [("c|1|p", 1, 0, 0, "", 1.0, 0),
+                                       ("d|1|p", 1, 0, 0, "", 1.0, 0)])
     assert flags == [0, 0]
     assert lua.leases() == ["b|1|p"] and lua.wakes("b") == ["b|1|p"]
-    flags = lua.batch([("b|1|p", 1)], [("e|1|p", 1, 0, 60_000)])
+    flags = lua.batch([("b|1|p", 1)], [("e|1|p", 1, 0, 60_000, "", 1.0, 0)])
     assert flags == [0]  # the slot went to a waiter before this batch's own asked
     assert lua.leases() == ["c|1|p"] and lua.wakes("c") == ["c|1|p"]

@@ -89,6 +89,49 @@ async def test_replicas_share_one_limit_and_the_best_waiter_is_woken_at_once(
         assert a.status()["replicas_alive"] == 3
 
 
+async def test_keys_share_a_rank_across_replicas_by_their_virtual_clocks(
+        settings: StateSettings) -> None:
+    """A key's burst of 6 calls waits on replica a; a light key's call arrives later on
+    replica b and is granted a slot right after the burst's first call, not after the
+    burst; a key of weight 3 beside one of weight 1 is granted three calls for each of the
+    other's."""
+    async with replicas(settings, "a", "b") as (a, b):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        burst = [asyncio.ensure_future(a.lease("p", 1, 0, 0, 10, key="heavy", claim_s=1.0))
+                 for _ in range(6)]
+        await asyncio.sleep(0.1)
+        light = asyncio.ensure_future(b.lease("p", 1, 0, 0, 10, key="light", claim_s=1.0))
+        await asyncio.sleep(0.1)
+        a.release(held)
+        oldest = await asyncio.wait_for(burst[0], 2)
+        assert oldest is not None and not light.done()
+        a.release(oldest)
+        second = await asyncio.wait_for(light, 2)
+        assert isinstance(second, Lease) and not any(t.done() for t in burst[1:])
+        b.release(second)
+        for task in burst[1:]:
+            a.release(await asyncio.wait_for(task, 5))  # type: ignore[arg-type]
+
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        order: list[str] = []
+
+        async def one(state: RedisState, key: str, weight: float) -> None:
+            lease = await state.lease("p", 1, 0, 0, 20, key=key, weight=weight, claim_s=1.0)
+            assert lease is not None
+            order.append(key)
+            await asyncio.sleep(0.01)
+            state.release(lease)
+
+        waiting = [asyncio.ensure_future(one(a, "gold", 3.0)) for _ in range(9)]
+        waiting += [asyncio.ensure_future(one(b, "bronze", 1.0)) for _ in range(9)]
+        await asyncio.sleep(0.2)
+        a.release(held)
+        await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert order[:8].count("gold") == 6
+
+
 async def test_a_cancelled_or_timed_out_wait_leaves_no_waiter_and_no_slot(
         settings: StateSettings) -> None:
     async with replicas(settings, "a", "b") as (a, b):

@@ -55,7 +55,8 @@ async def _lease(service: Service, attempts: Attempts, deployment: Deployment,
     waited = now - ticket.arrived if math.isfinite(ticket.arrived) else 0.0
     try:
         lease = await shared.lease(provider.name, provider.max_concurrency, rank(ticket),
-                                   waited, max(plan.deadline - now, 0.0))
+                                   waited, max(plan.deadline - now, 0.0), ticket.key,
+                                   ticket.key_weight, ticket.charged_s)
     except TimeoutError:
         now = clock.now()
         service.scheduler.give_back(ticket, now)

@@ -367,17 +367,6 @@ def markdown(rows: Sequence[Row]) -> str:
         tiers = reports["proxy"]["tiers"]
         assert isinstance(tiers, dict)
         top = next((t for t, v in tiers.items() if v["n"]), None)
-
-        def p99(name: str) -> str:
-            found = reports[name]["tiers"]
-            assert isinstance(found, dict)
-            return "-" if top is None else f"{found[top]['p99']:.2f}"
-
-        def timeouts(name: str) -> int:
-            found = reports[name]["tiers"]
-            assert isinstance(found, dict)
-            return sum(int(t["timeouts"]) for t in found.values())
-
         span = float(reports["fcfs"]["makespan_s"])  # type: ignore[arg-type]
         ratio = float(reports["proxy"]["makespan_s"]) / span if span else 1.0  # type: ignore[arg-type]
         held = sorted({c.name for c in row.checks if c.ok})
@@ -385,7 +374,20 @@ def markdown(rows: Sequence[Row]) -> str:
         failed = sorted({c.name for c in row.checks if not c.ok and c.required})
         verdict = ", ".join(held) + (f" ({', '.join(beyond)} beyond)" if beyond else "") + (
             f"; FAILS {', '.join(failed)}" if failed else "")
-        lines.append(f"| {row.scenario.name} | {top}: {p99('proxy')} / {p99('priority')} / "
-                     f"{p99('fcfs')} s | {timeouts('proxy')} / {timeouts('wfq')} / "
-                     f"{timeouts('priority')} | {ratio:.3f} | {verdict} |")
+        lines.append(f"| {row.scenario.name} | {top}: {_p99(reports, 'proxy', top)} / "
+                     f"{_p99(reports, 'priority', top)} / {_p99(reports, 'fcfs', top)} s | "
+                     f"{_timeouts_of(reports, 'proxy')} / {_timeouts_of(reports, 'wfq')} / "
+                     f"{_timeouts_of(reports, 'priority')} | {ratio:.3f} | {verdict} |")
     return "\n".join(lines)
+
+
+def _p99(reports: dict[str, dict[str, object]], name: str, tier: str | None) -> str:
+    found = reports[name]["tiers"]
+    assert isinstance(found, dict)
+    return "-" if tier is None else f"{found[tier]['p99']:.2f}"
+
+
+def _timeouts_of(reports: dict[str, dict[str, object]], name: str) -> int:
+    found = reports[name]["tiers"]
+    assert isinstance(found, dict)
+    return sum(int(t["timeouts"]) for t in found.values())

@@ -55,7 +55,8 @@ class State(Protocol):
     def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None: ...
 
     async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
-                    timeout_s: float) -> Lease | None: ...
+                    timeout_s: float, key: str = "", weight: float = 1.0,
+                    claim_s: float = 0.0) -> Lease | None: ...
 
     def release(self, lease: Lease) -> None: ...
 
@@ -95,7 +96,8 @@ class MemoryState:
         return None
 
     async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
-                    timeout_s: float) -> Lease | None:
+                    timeout_s: float, key: str = "", weight: float = 1.0,
+                    claim_s: float = 0.0) -> Lease | None:
         return None
 
     def release(self, lease: Lease) -> None:

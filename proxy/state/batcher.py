@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 
-Asked = list[str | int]  # provider, member, limit, rank, waited_ms
+Asked = list[str | int | float]  # provider, member, limit, rank, waited_ms, key, weight, claim_ms
 Failed = Callable[[BaseException, Sequence[tuple[str, str]]], None]
 
 
@@ -33,11 +33,13 @@ class Batcher:
         self._releases: list[tuple[str, str]] = []  # (provider, member)
         self.sender: asyncio.Task[None] | None = None
 
-    def ask(self, provider: str, member: str, limit: int, rank: int,
-            waited_ms: int) -> asyncio.Future[int]:
-        """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch)."""
+    def ask(self, provider: str, member: str, limit: int, rank: int, waited_ms: int,
+            key: str = "", weight: float = 1.0, claim_ms: int = 0) -> asyncio.Future[int]:
+        """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch);
+        ``key``'s virtual clock moves on by ``claim_ms`` / ``weight``."""
         future = asyncio.get_running_loop().create_future()
-        self._acquires.append(([provider, member, limit, rank, waited_ms], future))
+        self._acquires.append(([provider, member, limit, rank, waited_ms, key, weight,
+                                claim_ms], future))
         self._send_soon()
         return future
 

@@ -10,12 +10,18 @@ Keys, under the configured prefix ``p`` (one Redis, not a cluster: scripts build
 - ``p:limit:{provider}``   a 429's cut of the provider's limit, for ``GROW_EVERY_S``
 - ``p:breaker:{deployment}`` present (with a TTL) while the deployment's breaker is open
 - ``p:rate:{name}``        hash, an rpm/tpm bucket pair (``r``, ``t``, ``ts``)
+- ``p:vclock:{provider}``  hash, each key's virtual clock per rank: ``{rank}|{key}`` → ms
 
 A member is ``{replica}|{n}|{provider}``. Times come from Redis ``TIME`` only, never a replica's
-clock. A waiter's score is ``rank * 2**41 + (now - waited_ms)``: lower goes first, so
-a more urgent tier or level first, then the one that arrived first (its wait so far is
-measured on its replica's clock, which is only ever a difference). In scores ``now``
-counts from 2023-11-14, so 2**41 ms last until 2093.
+clock. A waiter's score is ``rank * 2**41 + start``: lower goes first, so a more urgent tier
+or level first, then the earliest start. A call's start is its arrival (``now -
+waited_ms``: its wait so far is measured on its replica's clock, which is only ever a
+difference) plus how far its key's virtual clock in that rank runs ahead of now; each of
+the key's calls moves the clock on by its claimed milliseconds over the key's weight
+(VirtualClock). So a key that sends a burst, from any replica, queues behind itself, a key
+that sends now and then starts at its arrival, and keys that keep calls waiting are
+served by weight, across every replica; a key's own calls keep their arrival order. In
+scores ``now`` counts from 2023-11-14, so 2**41 ms last until 2093.
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ end
 
 # Slots asked for and given back since the last call, in one round trip. ARGV: prefix,
 # ttl_ms, then counted lists: releases (provider, member, limit), acquires (provider,
-# member, limit, rank, waited_ms). Answers one flag per acquire: 1 granted, 0 waiting (its
+# member, limit, rank, waited_ms, key, weight, claim_ms). Answers one flag per acquire: 1
+# granted, 0 waiting (its
 # replica is woken through its wake list when a slot is handed to it). Releasing twice, or
 # a member never seen, is harmless; releasing a waiter withdraws it. Releases go first, so
 # a slot given back in the same batch is handed to the best waiter, not the batch's next.
@@ -83,14 +90,20 @@ for _ = 1, tonumber(ARGV[i]) do
   local prov, member, limit = ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
   local lk = p .. 'leases:' .. prov
   if not redis.call('ZSCORE', lk, member) then
-    local score = tonumber(ARGV[i + 4]) * 2199023255552
-      + (now - EPOCH_MS - tonumber(ARGV[i + 5]))
+    local rank, base = ARGV[i + 4], now - EPOCH_MS
+    local vk, field = p .. 'vclock:' .. prov, rank .. '|' .. ARGV[i + 6]
+    local lead = tonumber(redis.call('HGET', vk, field) or '0') - base
+    if lead < 0 then lead = 0 end
+    local start = base - tonumber(ARGV[i + 5]) + lead
+    redis.call('HSET', vk, field, base + lead + tonumber(ARGV[i + 8]) / tonumber(ARGV[i + 7]))
+    redis.call('PEXPIRE', vk, 86400000)
+    local score = tonumber(rank) * 2199023255552 + start
     redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
     redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
     sweep(p, prov, limit, now, ttl, member)
   end
   granted[#granted + 1] = redis.call('ZSCORE', lk, member) and 1 or 0
-  i = i + 5
+  i = i + 8
 end
 return granted
 """

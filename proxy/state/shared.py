@@ -50,6 +50,9 @@ class _Waiter:
     rank: int
     arrived: float  # on this replica's monotonic clock
     future: asyncio.Future[bool]  # True: granted; False: go on without Redis
+    key: str = ""  # the caller, whose virtual clock orders it among its rank's keys
+    weight: float = 1.0
+    claim_ms: int = 0
 
 
 class RedisState:
@@ -132,7 +135,8 @@ class RedisState:
     # --- slots --------------------------------------------------------------------------
 
     async def lease(self, provider: str, limit: int, rank: int, waited_s: float,
-                    timeout_s: float) -> Lease | None:
+                    timeout_s: float, key: str = "", weight: float = 1.0,
+                    claim_s: float = 0.0) -> Lease | None:
         """A slot of ``provider`` held across replicas, once the best waiting call across
         them is this one. Without Redis (``on_error: local``) the local scheduler's share
         is the limit: the lease is only noted, and written to Redis once it is back, so
@@ -143,12 +147,14 @@ class RedisState:
             return self._noted(provider)
         member = f"{self.replica}|{next(self._seq)}|{provider}"
         future = asyncio.get_running_loop().create_future()
+        claim_ms = int(claim_s * 1000)
         self._waiting[member] = _Waiter(provider, limit, rank, time.monotonic() - waited_s,
-                                        future)
+                                        future, key, weight, claim_ms)
         settled = False
         try:
             try:
-                granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000))
+                granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000),
+                                          key, weight, claim_ms)
             except REDIS_ERRORS as exc:
                 self._waiting.pop(member, None)
                 self._unreleased[member] = provider  # withdrawn once Redis is back
@@ -347,7 +353,7 @@ class RedisState:
         waited_ms = int((time.monotonic() - waiter.arrived) * 1000)
         try:
             granted = await self._ask(waiter.provider, member, waiter.limit, waiter.rank,
-                                      waited_ms)
+                                      waited_ms, waiter.key, waiter.weight, waiter.claim_ms)
         except REDIS_ERRORS:
             return  # failed over already
         if granted:
