@@ -189,12 +189,30 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
         (with_(state={"prefix": "a b"}), "state.prefix: must be 1-64 letters"),
         (with_(state={"lease_ttl_s": 0.1}), "state.lease_ttl_s: must be >= 1.0"),
         (with_(state={"on_error": "ignore"}), "state.on_error: must be one of local, reject"),
+        (with_(scheduler={"lend_s": 100}), "scheduler.lend_s: is no longer a setting: a tier's "
+         "floor (tiers[].weight) is never lent"),
+        (with_(scheduler={"quantum_s": 5}), "scheduler.quantum_s: is no longer a setting: a "
+         "tier's weight is now its floor"),
+        (with_(scheduler={"headroom_scale": 0.5}), "scheduler.headroom_scale: is no longer a "
+         "setting: the adaptive headroom is sized by scheduler.headroom_spread"),
+        (with_(tiers=[{"name": "a", "weight": -1}]), "tiers[0].weight: must be >= 0"),
+        (with_(classify={"keys": [{"name": "k", "key": "s", "weight": 0}]}),
+         "classify.keys[0].weight: must be a positive number"),
+        (with_(scheduler={"headroom_budget": 2}), "scheduler.headroom_budget: must be <= 1.0"),
     ],
 )
 def test_invalid_configs_name_the_yaml_path(data: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data, {})
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_unwritten_tier_weights_halve_down_the_list_and_zero_is_background() -> None:
+    config = parse_config(with_(tiers=[{"name": "a"}, {"name": "b"}, {"name": "c"},
+                                       {"name": "idle", "weight": 0}]), {})
+    assert [t.weight for t in config.tiers] == [8.0, 4.0, 2.0, 0.0]
+    spread_off = parse_config(with_(scheduler={"headroom_spread": False}), {})
+    assert spread_off.scheduler.headroom_spread is None
 
 
 def test_cli_check_prints_summary_and_exits_0() -> None:

@@ -257,8 +257,8 @@ RETIRED_SCHEDULER_KEYS = {
                       "(mean + spread x sqrt(mean) busy slots; false turns it off)",
     "quantum_s": "a tier's weight is now its floor (see tiers[].weight); urgency decides "
                  "what the floors leave",
-    "lend_s": "floors are not lent any more, except to a more urgent call at risk of its "
-              "deadline (scheduler.rescue_fraction)",
+    "lend_s": "a tier's floor (tiers[].weight) is never lent; a call at risk of its "
+              "deadline goes first inside its tier (scheduler.rescue_fraction)",
 }
 
 
