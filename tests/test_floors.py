@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from proxy.core.floors import Floors
-from proxy.core.scheduler import Ticket, TierSpec
+from proxy.core.scheduler import Ticket, TicketState, TierSpec
 from tests.scheduler_kit import Kit, ticket
 
 
@@ -227,3 +227,35 @@ def test_a_slot_given_back_unused_refunds_its_charge() -> None:
             break
         k.submit(t, 0.0)
     assert k.s.snapshot(0.0)["providers"]["p"]["floor_credit_s"][1] == 0.0  # type: ignore[index]
+
+
+def test_one_very_long_call_long_ago_does_not_raise_another_tiers_floor_unit() -> None:
+    """Found in review: the longest call was only halved when its own tier served again, so
+    one 1,800 s call kept every tier without calls of its own owed only after 1,800 slot-s.
+    It is halved every half-life whoever reads it."""
+    k = Kit({"p": 2}, headroom_spread=None)
+    batch = ticket(3, 1800.0)
+    k.submit(batch, 0.0)
+    k.finish(batch, 1800.0, 1800.0)
+    pool = k.s._pools["p"]
+    later = 1800.0 + 3600.0
+    assert k.s._policy.unit(pool, 2, later) < 1800.0 * 0.5 ** 11
+
+
+def test_a_held_slot_goes_to_the_owed_tier_when_its_call_has_used_half_its_wait() -> None:
+    """Found in review: the wake-up was computed for the most urgent waiting tier only, so a
+    slot held from an owed tier's call stayed idle past the moment the call may take it
+    (half its max_wait_s), until it timed out."""
+    tiers = (TierSpec("hi", 8, max_wait_s=10, reserve=2), TierSpec("mid", 1, max_wait_s=3600),
+             TierSpec("low", 4, max_wait_s=60))
+    k = Kit({"p": 4}, tiers, headroom_spread=None)
+    for _ in range(22):
+        k.submit(ticket(1, 10.0), 0.0)
+    low = ticket(2, 10.0)
+    k.submit(low, 1.0)
+    for now in (2.0, 3.0, 4.0, 5.0):
+        k.release("p", now, 10.0)
+    assert low.state is TicketState.QUEUED and k.s.held_back("p", 2, 5.0) == 2
+    assert k.s.next_wakeup(5.0) == pytest.approx(31.0)
+    k.advance(31.0)
+    assert low.state is TicketState.DISPATCHED

@@ -92,3 +92,22 @@ def test_keys_remembered_are_bounded() -> None:
     for i in range(200_000):
         tags.arrive(0, f"key{i}", 1.0, 1.0)
     assert len(tags._finish[0]) <= 100_000
+
+
+def test_calls_that_leave_unserved_cost_their_key_nothing() -> None:
+    """Found in review: a key was charged for calls cancelled or timed out before they got
+    a slot, so a key whose calls time out fell further behind and timed out more."""
+    k = Kit({"p": 1}, ONE, headroom_spread=None, max_queue=10**5)
+    k.occupy(0.0)
+    gone = [ticket(0, 10.0, key="a") for _ in range(30)]
+    for t in gone:
+        k.submit(t, 0.0)
+    for t in gone:
+        k.s.cancel(t, 0.5)
+    others = [ticket(0, 10.0, key="b") for _ in range(30)]
+    for t in others:
+        k.submit(t, 1.0)
+    again = ticket(0, 10.0, key="a")
+    k.submit(again, 1.0)
+    assert k.release("p", 2.0) in ([others[0]], [again])
+    assert again.tag <= others[1].tag

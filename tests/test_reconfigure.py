@@ -146,3 +146,26 @@ def test_no_call_is_lost_and_no_slot_leaks_across_reloads(data: st.DataObject) -
             assert 0 <= t.ceiling <= t.current_tier <= t.tier < len(tiers)
     assert kit.s.inflight("p") == kit.s.inflight("q") == 0
     assert kit.s.snapshot(now)["queued"] == 0 and not math.isnan(now)
+
+
+def test_a_call_running_through_a_reload_is_re_queued_in_its_place_and_claims_stay_capped(
+) -> None:
+    """Found in review: a call running during a reload kept its old virtual start, so its
+    re-try went behind every call queued since; and queued calls were re-tagged with their
+    uncapped estimates, so one absurd estimate put its key's later calls far behind."""
+    kit = Kit({"p": 1})
+    first = kit.occupy(0.0, tier=2)
+    queued = [ticket(2, 10.0) for _ in range(20)]
+    for t in queued:
+        kit.submit(t, 0.0)
+    absurd = ticket(2, 50_000.0, key="liar")
+    kit.submit(absurd, 0.5)
+    reconfigure(kit, FOUR, [0, 1, 2, 3], {"p": 1}, 1.0)
+    kit.running["p"].remove(first)
+    kit.s.give_back(first, 1.0)  # its re-try: the slot goes to the next call meanwhile
+    kit.collect()
+    kit.submit(first, 1.0)
+    assert first.tag <= min(t.tag for t in queued if t.state is TicketState.QUEUED)
+    later = ticket(2, 1.0, key="liar")
+    kit.submit(later, 2.0)
+    assert later.tag <= 30.0  # the absurd call was charged the longest level's bound, 30 s

@@ -557,3 +557,13 @@ def test_wait_is_recorded_on_the_ticket() -> None:
     k.submit(t, 2.0)
     k.release("p", 4.5)
     assert (t.arrived, t.dispatched_at, t.wait_s, t.pool, t.waited_s) == (2.0, 4.5, 2.5, "p", 2.5)
+
+
+def test_an_infinite_or_negative_weight_is_refused() -> None:
+    """Found in review: a schedule window's `.inf` weight made every share NaN and each
+    submit raise."""
+    k = Kit({"p": 4})
+    for bad in (math.inf, -1.0, math.nan):
+        with pytest.raises(ValueError):
+            k.s.set_policy({1: bad}, None, 0.0)
+    k.submit(ticket(2), 0.0)  # still serving

@@ -95,6 +95,19 @@ def test_a_keys_burst_queues_behind_itself_and_another_keys_call_goes_first(lua:
     assert lua.client.pttl(lua.p + "vclock:p") > 0
 
 
+def test_a_key_that_had_the_provider_to_itself_does_not_pay_for_it_later(lua: Lua) -> None:
+    """Calls granted at once move no clock: after 100 of a key's calls were served without
+    waiting, its next waiting call still goes before a later one of another key."""
+    for n in range(100):
+        assert lua.acquire(f"a|{n}|p", limit=1, key="busy", claim_ms=10_000) == 1
+        lua.release(f"a|{n}|p", limit=1)
+    lua.acquire("x|1|p", limit=1)
+    lua.acquire("a|100|p", limit=1, key="busy", claim_ms=10_000)
+    lua.acquire("b|1|p", limit=1, key="other", claim_ms=10_000)
+    lua.release("x|1|p", limit=1)
+    assert lua.leases() == ["a|100|p"]
+
+
 def test_acquire_again_for_a_granted_member_is_granted_once(lua: Lua) -> None:
     assert lua.acquire("a|1|p", limit=1) == 1
     assert lua.acquire("a|1|p", limit=1) == 1

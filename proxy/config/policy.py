@@ -192,8 +192,9 @@ def parse_schedules(node: Node, names: tuple[str, ...]) -> tuple[str, tuple[Sche
         weights: dict[str, float] = {}
         for tier, weight in s.mapping("weights").items():
             tier_name = names[tier_index(tier, names, f"{path}.weights.{tier}")]
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
-                fail(f"{path}.weights.{tier}", "must be a positive number")
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+                    0 <= weight < float("inf")):
+                fail(f"{path}.weights.{tier}", "must be a finite number >= 0")
             weights[tier_name] = float(weight)
         reserves: dict[str, int] = {}
         for tier, reserve in s.mapping("reserves").items():

@@ -76,7 +76,8 @@ class KeyStats:
     def served(self, tier: int, key: str, seconds: float, now: float,
                wait_s: float | None = None) -> None:
         stats = self._get(tier, key)
-        stats[0] = _decayed(stats, now) + seconds
+        served = _decayed(stats, now) + seconds
+        stats[0] = served if served > 0.0 else 0.0
         stats[1] = now
         if wait_s is not None:
             stats[3] += 0.1 * (wait_s - stats[3]) if stats[3] else wait_s

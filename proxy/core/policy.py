@@ -56,8 +56,8 @@ class Policy:
         # The longest recent service seconds of each tier's calls, per provider, and when
         # each was last updated.
         self.longest: dict[str, list[float]] = {}
-        self._longest_at: dict[str, list[float]] = {}
-        self.holding = False  # the last choose() kept a free slot for an adaptive hold
+        self._longest_at_stamp: dict[str, list[float]] = {}
+        self.holding = 0  # free slots the last choose() kept for an adaptive hold
         self.set_weights([t.weight for t in settings.tiers])
 
     def set_weights(self, weights: Sequence[float]) -> None:
@@ -84,17 +84,20 @@ class Policy:
             held_tier = next((t for t in waiting if self.head(pool, t, now)), None)
             if pool.free(now) <= 0 or held_tier is None:
                 continue
-            # A free slot and a call that could take it: only a hold keeps them apart.
+            # A free slot and a call that could take it: only a hold keeps them apart, from
+            # the most urgent tier and from the one owed its floor.
             soonest = min(soonest, queues.next_tier_promotion())
-            lapse = self.hold_lapse(pool, held_tier, now)
-            if lapse is not None:
-                soonest = min(soonest, lapse)
+            owed = self.owed_tier(pool, queues.counts(pool.name), held_tier, now)
+            for tier in (held_tier,) if owed is None else (held_tier, owed):
+                lapse = self.hold_lapse(pool, tier, now)
+                if lapse is not None:
+                    soonest = min(soonest, lapse)
         return soonest if math.isfinite(soonest) else None
 
     def choose(self, pool: Pool, now: float) -> Choice | None:
         """The call ``pool``'s next free slot goes to, with its gate; None: none may have it
         now (nothing eligible, or a hold keeps the slot)."""
-        self.holding = False
+        self.holding = 0
         name = pool.name
         counts = self._queues.counts(name)
         heads: dict[int, Choice] = {}
@@ -107,15 +110,7 @@ class Policy:
                     break
         if urgent is None:
             return None
-        owed: int | None = None
-        most = 1.0
-        credits = self.floors.credits(name)
-        if credits is not None:
-            for tier, credit in enumerate(credits):
-                if credit > 0.0 and counts[tier] and tier != urgent:
-                    behind = credit / self.unit(pool, tier)
-                    if behind >= most:
-                        owed, most = tier, behind
+        owed = self.owed_tier(pool, counts, urgent, now)
         if owed is not None:
             head = self.head(pool, owed, now)
             if head is None:
@@ -129,11 +124,29 @@ class Policy:
                 if self.at_risk(tier, now):
                     return self.head(pool, tier, now, earliest=True) or heads[tier]
                 return heads[tier]
-        # Keep the slot for the more urgent arrivals the headroom expects; note whether the
-        # adaptive part is why (its budget counts what it idles; a fixed reserve is free).
-        self.holding = free > self._headroom.held_against(
-            name, order[-1], now, self.reserves, pool.running, pool.limit, adaptive=False)
+        # Keep the slot for the more urgent arrivals the headroom expects; note how many of
+        # the free slots the adaptive part keeps (its budget counts what it idles; what a
+        # fixed reserve keeps is free of it).
+        fixed = self._headroom.held_against(name, order[-1], now, self.reserves, pool.running,
+                                            pool.limit, adaptive=False)
+        self.holding = free - fixed if free > fixed else 0
         return None
+
+    def owed_tier(self, pool: Pool, counts: Sequence[int], urgent: int,
+                  now: float) -> int | None:
+        """The waiting tier other than ``urgent`` that is most behind its floor on ``pool``,
+        if one is at least one of its longest calls behind."""
+        credits = self.floors.credits(pool.name)
+        if credits is None:
+            return None
+        owed: int | None = None
+        most = 1.0
+        for tier, credit in enumerate(credits):
+            if credit > 0.0 and counts[tier] and tier != urgent:
+                behind = credit / self.unit(pool, tier, now)
+                if behind >= most:
+                    owed, most = tier, behind
+        return owed
 
     def head(self, pool: Pool, tier: int, now: float, earliest: bool = False) -> Choice | None:
         """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
@@ -167,23 +180,30 @@ class Policy:
         left = self._queues.earliest_deadline(tier) - now
         return 1.0 - left / self._tiers[tier].max_wait_s
 
-    def unit(self, pool: Pool, tier: int) -> float:
-        """One of ``tier``'s longest calls on ``pool`` (the provider's, until the tier has
-        one): the scale of its floor, served call by call."""
-        per_tier = self.longest.get(pool.name)
-        if per_tier is not None and per_tier[tier]:
-            return per_tier[tier]
-        return self.longest_call(pool)
+    def unit(self, pool: Pool, tier: int, now: float) -> float:
+        """One of ``tier``'s longest recent calls on ``pool`` (the provider's, until the
+        tier has one): the scale of its floor, served call by call."""
+        own = self._longest_at(pool.name, tier, now)
+        return own if own else self.longest_call(pool, now)
 
-    def longest_call(self, pool: Pool) -> float:
+    def longest_call(self, pool: Pool, now: float) -> float:
         """The longest recent call of any tier on ``pool``."""
-        per_tier = self.longest.get(pool.name)
-        longest = 0.0 if per_tier is None else max(per_tier)
+        longest = max((self._longest_at(pool.name, t, now) for t in range(len(self._tiers))),
+                      default=0.0) if pool.name in self.longest else 0.0
         return longest or self.settings.level_bounds_s[0]
 
-    def credit_cap(self, pool: Pool) -> float:
+    def credit_cap(self, pool: Pool, now: float) -> float:
         """No tier's floor credit grows past this many slot-seconds on ``pool``."""
-        return CAP_CALLS * self.longest_call(pool)
+        return CAP_CALLS * self.longest_call(pool, now)
+
+    def _longest_at(self, pool: str, tier: int, now: float) -> float:
+        """The longest call of ``tier`` on ``pool``, halved for every half-life since."""
+        per_tier = self.longest.get(pool)
+        if per_tier is None or not per_tier[tier]:
+            return 0.0
+        age = now - self._longest_at_stamp[pool][tier]
+        return per_tier[tier] * 0.5 ** (age / LONGEST_HALF_LIFE_S) if age > 0.0 else (
+            per_tier[tier])
 
     def claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but
@@ -206,12 +226,10 @@ class Policy:
         per_tier = self.longest.get(pool)
         if per_tier is None:
             per_tier = self.longest[pool] = [0.0] * len(self._tiers)
-            self._longest_at[pool] = [now] * len(self._tiers)
-        stamps = self._longest_at[pool]
-        age = now - stamps[tier]
-        kept = per_tier[tier] * 0.5 ** (age / LONGEST_HALF_LIFE_S) if age > 0.0 else per_tier[tier]
+            self._longest_at_stamp[pool] = [now] * len(self._tiers)
+        kept = self._longest_at(pool, tier, now)
         per_tier[tier] = service_s if service_s > kept else kept
-        stamps[tier] = now
+        self._longest_at_stamp[pool][tier] = now
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,

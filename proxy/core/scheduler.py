@@ -119,9 +119,13 @@ class Scheduler:
         self._tier_maps.add(tier_map)
         for ticket in [*queued, *self._running]:
             self._tier_maps.bring_up(ticket, settings.levels)
+        for ticket in self._running:  # a re-try goes back to the front, as it would have
+            ticket.tag = 0.0
         for ticket in sorted(queued, key=lambda t: t.order):  # keys' shares start over too
+            likely = self._capacity.route(ticket.candidates)[1][0].name
+            ticket.key_claim_s = self._policy.claim(likely, ticket)
             ticket.tag = self._keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
-                                           ticket.est_service_s)
+                                           ticket.key_claim_s)
         self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
             self._capacity.set_max(name, limit, now)
@@ -153,7 +157,7 @@ class Scheduler:
             ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
                           self._tiers[ticket.tier].max_wait_s)
             likely = first_open(gates, now).pool.name
-            claim = self._policy.claim(likely, ticket)
+            claim = ticket.key_claim_s = self._policy.claim(likely, ticket)
             ticket.tag = self._keys.arrive(ticket.tier, ticket.key, ticket.key_weight, claim)
             self._headroom.record(likely, ticket.tier, claim, now)
         ticket.state = QUEUED
@@ -217,7 +221,7 @@ class Scheduler:
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
-                               self._policy.credit_cap(pool), ticket.floor_paid_s)
+                               self._policy.credit_cap(pool, now), ticket.floor_paid_s)
             self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
             self._key_stats.served(tier, ticket.key, delta, now)
         self._fill(pool, now)
@@ -226,6 +230,8 @@ class Scheduler:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
         if ticket.state is QUEUED:
             self._leave(ticket, CANCELLED, now)
+            for pool in self._capacity.route(ticket.candidates)[1]:
+                self._fill(pool, now)  # a hold may have been keeping a slot from it alone
 
     def advance(self, now: float) -> None:
         """Apply everything due by ``now``: expiries, promotions, pauses that ended, limits
@@ -300,8 +306,8 @@ class Scheduler:
         new_reserves = [
             (reserves or {}).get(i, spec.reserve) for i, spec in enumerate(self._tiers)
         ]
-        if any(not w >= 0 for w in new_weights):
-            raise ValueError("weights must not be negative")
+        if any(not (w >= 0 and math.isfinite(w)) for w in new_weights):
+            raise ValueError("weights must be finite and not negative")
         if any(r is not None and r < 0 for r in new_reserves):
             raise ValueError("reserves must not be negative")
         self._policy.set_weights(new_weights)
@@ -366,8 +372,7 @@ class Scheduler:
             while self._queues.queued and pool.free(now) > 0:
                 chosen = self._policy.choose(pool, now)
                 if chosen is None:
-                    if self._policy.holding:
-                        held = pool.free(now)
+                    held = self._policy.holding
                     break
                 ticket, gate = chosen
                 self._queues.discard(ticket, DISPATCHED)
@@ -392,7 +397,7 @@ class Scheduler:
         if self._queues.queued:  # floors only move while calls wait
             ticket.floor_paid_s = self._floors.serve(
                 pool.name, tier, charged, self._queues.counts(pool.name),
-                self._policy.credit_cap(pool))
+                self._policy.credit_cap(pool, now))
         self._keys.started(tier, ticket.tag)
         self._key_stats.served(tier, ticket.key, charged, now, now - ticket.queued_at)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
@@ -408,6 +413,7 @@ class Scheduler:
             self._leave(ticket, REJECTED, now)
         else:
             ticket.state = REJECTED
+            self._unclaim(ticket)
         ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
         self._out.rejections.append(Rejection(
             ticket, code, self._capacity.retry_after(ticket.candidates, ahead_s, now)))
@@ -415,6 +421,14 @@ class Scheduler:
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
         ticket.waited_s += now - ticket.queued_at
+        self._unclaim(ticket)
+
+    def _unclaim(self, ticket: Ticket) -> None:
+        """A call that leaves without ever having been served: its key is not charged."""
+        if math.isnan(ticket.dispatched_at) and ticket.key_claim_s:
+            self._keys.correct(ticket.current_tier, ticket.key, ticket.key_weight,
+                               -ticket.key_claim_s)
+            ticket.key_claim_s = 0.0
 
     def _enforce_bounds(self, ticket: Ticket, now: float) -> None:
         tier = ticket.current_tier

@@ -160,6 +160,7 @@ class Ticket:
     entered_level: float = field(init=False, default=math.nan)
     order: int = field(init=False, default=-1)  # arrival order, kept on re-queue
     tag: float = field(init=False, default=0.0)  # its key's virtual start: the queue's order
+    key_claim_s: float = field(init=False, default=0.0)  # what its key was charged on arrival
     epoch: int = field(init=False, default=0)  # bumped on every move; older entries are stale
     visit: int = field(init=False, default=0)  # bumped on every pass through the queue
     promoted: bool = field(init=False, default=False)  # moved up a tier (once)

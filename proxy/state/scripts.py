@@ -17,10 +17,12 @@ clock. A waiter's score is ``rank * 2**41 + start``: lower goes first, so a more
 or level first, then the earliest start. A call's start is its arrival (``now -
 waited_ms``: its wait so far is measured on its replica's clock, which is only ever a
 difference) plus how far its key's virtual clock in that rank runs ahead of now; each of
-the key's calls moves the clock on by its claimed milliseconds over the key's weight
-(VirtualClock). So a key that sends a burst, from any replica, queues behind itself, a key
-that sends now and then starts at its arrival, and keys that keep calls waiting are
-served by weight, across every replica; a key's own calls keep their arrival order. In
+the key's calls that has to wait moves the clock on by its claimed milliseconds over the
+key's weight (VirtualClock; calls granted at once move nothing, so a key that had the
+provider to itself is not made to pay for it later). So a key that sends a burst, from
+any replica, queues behind itself, a key that sends now and then starts at its arrival,
+and keys that keep calls waiting are served by weight, across every replica; a key's own
+calls keep their arrival order. In
 scores ``now`` counts from 2023-11-14, so 2**41 ms last until 2093.
 """
 
@@ -95,12 +97,14 @@ for _ = 1, tonumber(ARGV[i]) do
     local lead = tonumber(redis.call('HGET', vk, field) or '0') - base
     if lead < 0 then lead = 0 end
     local start = base - tonumber(ARGV[i + 5]) + lead
-    redis.call('HSET', vk, field, base + lead + tonumber(ARGV[i + 8]) / tonumber(ARGV[i + 7]))
-    redis.call('PEXPIRE', vk, 86400000)
     local score = tonumber(rank) * 2199023255552 + start
     redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
     redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
     sweep(p, prov, limit, now, ttl, member)
+    if not redis.call('ZSCORE', lk, member) then  -- it waits: its key's clock moves on
+      redis.call('HSET', vk, field, base + lead + tonumber(ARGV[i + 8]) / tonumber(ARGV[i + 7]))
+      redis.call('PEXPIRE', vk, 86400000)
+    end
   end
   granted[#granted + 1] = redis.call('ZSCORE', lk, member) and 1 or 0
   i = i + 8
