@@ -3,6 +3,8 @@ provider has handed out tracked, and every decision collected."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -77,6 +79,26 @@ class Kit:
     def advance(self, now: float) -> Decisions:
         self.s.advance(now)
         return self.collect()
+
+    def overload(self, backlog: list[Ticket], every: float, until: float,
+                 provider: str = "p") -> None:
+        """``backlog`` queued at 0, then a 1 s call of the most urgent tier every ``every``
+        seconds until ``until``; every call takes 1 s."""
+        for t in backlog:
+            self.submit(t, 0.0)
+        running = [(1.0, t.order, t) for t in backlog if self.granted(t)]
+        now, next_urgent = 0.0, 0.0
+        while now < until:
+            if now >= next_urgent:
+                self.s.submit(ticket(0, 1.0, (provider,)), now)
+                next_urgent += every
+            for d in self.collect().dispatches:
+                heapq.heappush(running, (now + 1.0, d.ticket.order, d.ticket))
+            now = min(next_urgent, running[0][0] if running else math.inf)
+            while running and running[0][0] <= now:
+                done = heapq.heappop(running)[2]
+                self.running[provider].remove(done)
+                self.s.release(done, now, 1.0)
 
     def urgent_flow(self, start: float, end: float, provider: str = "p", est: float = 1.0,
                     every: float = 0.5) -> float:

@@ -128,21 +128,7 @@ def test_a_backlogged_tier_keeps_its_floor_against_an_urgent_overload() -> None:
     the rest."""
     k = Kit({"p": 4}, headroom_spread=None, max_queue=10**6)
     lows = [ticket(3, 1.0) for _ in range(200)]
-    for t in lows:
-        k.submit(t, 0.0)
-    running = [(1.0, t.order, t) for t in lows if k.granted(t)]
-    now, next_urgent = 0.0, 0.0
-    while now < 300.0:
-        if now >= next_urgent:
-            k.s.submit(ticket(0, 1.0), now)
-            next_urgent += 0.125  # 8 busy slots of demand on 4
-        for d in k.collect().dispatches:
-            heapq.heappush(running, (now + 1.0, d.ticket.order, d.ticket))
-        now = min(next_urgent, running[0][0])
-        while running and running[0][0] <= now:
-            done = heapq.heappop(running)[2]
-            k.running["p"].remove(done)
-            k.s.release(done, now, 1.0)
+    k.overload(lows, every=0.125, until=300.0)  # 8 busy slots of urgent demand on 4
     served = sorted(t.dispatched_at for t in lows if t.state is not t.state.QUEUED)
     delivered = 4 * 300.0
     assert delivered / 15 - 2 <= len(served) <= delivered / 15 + 6  # the first 4 at once

@@ -49,22 +49,7 @@ def test_a_hold_never_starves_a_less_urgent_tier_of_its_floor() -> None:
              TierSpec("low", 1, max_wait_s=1e9)]
     k = Kit({"p": 4}, tiers, **UNLIMITED)
     lows = [ticket(3, 1.0) for _ in range(60)]
-    for t in lows:
-        k.submit(t, 0.0)
-    running = [(1.0, t.order, t) for t in lows if k.granted(t)]
-    now, next_urgent = 0.0, 0.0
-    while now < 200.0:
-        if now >= next_urgent:
-            k.s.submit(ticket(0, 1.0), now)
-            next_urgent += 0.2  # 5 busy slots of demand on 4
-        for d in k.collect().dispatches:
-            heapq.heappush(running, (now + 1.0, d.ticket.order, d.ticket))
-        nxt = min(next_urgent, running[0][0] if running else math.inf)
-        while running and running[0][0] <= nxt:
-            done = heapq.heappop(running)[2]
-            k.running["p"].remove(done)
-            k.s.release(done, nxt, 1.0)
-        now = nxt
+    k.overload(lows, every=0.2, until=200.0)  # 5 busy slots of urgent demand on 4
     served = sum(t.state is not TicketState.QUEUED for t in lows)
     assert served >= 200 * 4 / 15 - 2  # its floor of 200 s on 4 slots, less two calls
 
