@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 
-from .lru import Lru
-
-# Keys remembered per tier; one forgotten simply starts afresh at the tier's virtual time.
+# Keys remembered per tier (past it, the older half is forgotten: a key forgotten simply
+# starts afresh at the tier's virtual time).
 MAX_KEYS = 100_000
 # What /admin/status shows of the keys' shares: slot-seconds served, an EWMA over this long,
 # and at most this many keys per tier (the busiest).
@@ -30,14 +29,18 @@ SHOWN_KEYS = 50
 class KeyTags:
     def __init__(self, tiers: int) -> None:
         self.virtual = [0.0] * tiers
-        self._finish: list[Lru[str, float]] = [Lru(MAX_KEYS) for _ in range(tiers)]
+        self._finish: list[dict[str, float]] = [{} for _ in range(tiers)]
 
     def arrive(self, tier: int, key: str, weight: float, seconds: float) -> float:
         """The virtual start of a new call of ``key`` in ``tier`` claiming ``seconds``."""
         finish = self._finish[tier]
         start = finish.get(key)
         now = self.virtual[tier]
-        if start is None or start < now:
+        if start is None:
+            start = now
+            if len(finish) >= MAX_KEYS:  # forget the older half (in arrival order)
+                self._finish[tier] = finish = dict(list(finish.items())[MAX_KEYS // 2:])
+        elif start < now:
             start = now
         finish[key] = start + seconds / weight
         return start
@@ -61,17 +64,21 @@ class KeyStats:
 
     def __init__(self, tiers: int) -> None:
         self._tiers = tiers
-        self._stats: Lru[tuple[int, str], list[float]] = Lru(MAX_KEYS)  # [s, stamp, n, wait]
+        self._stats: dict[tuple[int, str], list[float]] = {}  # [s, stamp, n, wait]
 
     def _get(self, tier: int, key: str) -> list[float]:
         found = self._stats.get((tier, key))
         if found is None:
-            found = [0.0, -math.inf, 0.0, 0.0]
-            self._stats[(tier, key)] = found
+            if len(self._stats) >= MAX_KEYS:  # forget the older half with nothing queued
+                kept = list(self._stats.items())
+                self._stats = {k: v for i, (k, v) in enumerate(kept)
+                               if v[2] or i >= MAX_KEYS // 2}
+            found = self._stats[(tier, key)] = [0.0, -math.inf, 0.0, 0.0]
         return found
 
     def queued(self, tier: int, key: str, delta: int) -> None:
-        self._get(tier, key)[2] += delta
+        found = self._stats.get((tier, key))
+        (self._get(tier, key) if found is None else found)[2] += delta
 
     def served(self, tier: int, key: str, seconds: float, now: float,
                wait_s: float | None = None) -> None:
@@ -86,7 +93,7 @@ class KeyStats:
         """Per tier, its keys (the busiest ``SHOWN_KEYS``): ``queued``, ``share`` of the
         tier's recent slot-seconds, ``served_s`` and ``mean_wait_s``."""
         tiers: list[list[tuple[str, list[float], float]]] = [[] for _ in range(self._tiers)]
-        for (tier, key), stats in self._stats.items():
+        for (tier, key), stats in list(self._stats.items()):
             if tier < self._tiers:
                 tiers[tier].append((key, stats, _decayed(stats, now)))
         out = []

@@ -37,6 +37,7 @@ _SERVICE_EWMA_ALPHA = 0.1
 # The longest recent service time: the largest seen, shrinking by half every this many
 # seconds (so a long call is remembered for some minutes, however many short ones follow).
 LONGEST_HALF_LIFE_S = 300.0
+_LONGEST_REFRESH_S = 1.0
 # Until its slot comes back, a call is charged at most this many times its provider's mean.
 CLAIM_FACTOR = 4.0
 
@@ -57,6 +58,7 @@ class Policy:
         # each was last updated.
         self.longest: dict[str, list[float]] = {}
         self._longest_at_stamp: dict[str, list[float]] = {}
+        self._longest_cache: dict[str, tuple[float, list[float]]] = {}
         self.holding = 0  # free slots the last choose() kept for an adaptive hold
         self.set_weights([t.weight for t in settings.tiers])
 
@@ -183,27 +185,32 @@ class Policy:
     def unit(self, pool: Pool, tier: int, now: float) -> float:
         """One of ``tier``'s longest recent calls on ``pool`` (the provider's, until the
         tier has one): the scale of its floor, served call by call."""
-        own = self._longest_at(pool.name, tier, now)
+        own = self._longest_now(pool.name, now)[tier]
         return own if own else self.longest_call(pool, now)
 
     def longest_call(self, pool: Pool, now: float) -> float:
         """The longest recent call of any tier on ``pool``."""
-        longest = max((self._longest_at(pool.name, t, now) for t in range(len(self._tiers))),
-                      default=0.0) if pool.name in self.longest else 0.0
-        return longest or self.settings.level_bounds_s[0]
+        return max(self._longest_now(pool.name, now)) or self.settings.level_bounds_s[0]
 
     def credit_cap(self, pool: Pool, now: float) -> float:
         """No tier's floor credit grows past this many slot-seconds on ``pool``."""
         return CAP_CALLS * self.longest_call(pool, now)
 
-    def _longest_at(self, pool: str, tier: int, now: float) -> float:
-        """The longest call of ``tier`` on ``pool``, halved for every half-life since."""
+    def _longest_now(self, pool: str, now: float) -> list[float]:
+        """Each tier's longest call on ``pool``, halved for every half-life since it was
+        seen; worked out again at most once a second (the half-life is minutes)."""
+        cached = self._longest_cache.get(pool)
+        if cached is not None and 0.0 <= now - cached[0] < _LONGEST_REFRESH_S:
+            return cached[1]
         per_tier = self.longest.get(pool)
-        if per_tier is None or not per_tier[tier]:
-            return 0.0
-        age = now - self._longest_at_stamp[pool][tier]
-        return per_tier[tier] * 0.5 ** (age / LONGEST_HALF_LIFE_S) if age > 0.0 else (
-            per_tier[tier])
+        if per_tier is None:
+            values = [0.0] * len(self._tiers)
+        else:
+            stamps = self._longest_at_stamp[pool]
+            values = [v * 0.5 ** ((now - at) / LONGEST_HALF_LIFE_S) if now > at else v
+                      for v, at in zip(per_tier, stamps, strict=True)]
+        self._longest_cache[pool] = (now, values)
+        return values
 
     def claim(self, pool: str, ticket: Ticket) -> float:
         """What a call is charged until its real service time is known: its estimate, but
@@ -227,9 +234,13 @@ class Policy:
         if per_tier is None:
             per_tier = self.longest[pool] = [0.0] * len(self._tiers)
             self._longest_at_stamp[pool] = [now] * len(self._tiers)
-        kept = self._longest_at(pool, tier, now)
+        stamps = self._longest_at_stamp[pool]
+        age = now - stamps[tier]
+        kept = per_tier[tier] * 0.5 ** (age / LONGEST_HALF_LIFE_S) if age > 0.0 else (
+            per_tier[tier])
         per_tier[tier] = service_s if service_s > kept else kept
-        self._longest_at_stamp[pool][tier] = now
+        stamps[tier] = now
+        self._longest_cache.pop(pool, None)
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,
