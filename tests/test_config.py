@@ -119,8 +119,14 @@ def test_keys_are_stored_as_digests() -> None:
     assert config.keys[1].principal.max_tier == 2 and config.keys[1].principal.tier == 3
 
 
+def documentation() -> str:
+    """The README and every page under docs/, as one text."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return "\n".join(page.read_text() for page in pages)
+
+
 def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     recipe = next(line.split("#")[0] for line in readme.splitlines()
                   if line.startswith('printf %s "$KEY"'))
     key = "tp-a key with spaces"
@@ -307,8 +313,8 @@ def test_cli_prints_its_version() -> None:
     assert result.stdout.strip() == f"triage-proxy {proxy.__version__}"
 
 
-def test_the_readme_examples_are_valid_config() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_examples_are_valid_config() -> None:
+    readme = documentation()
     blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]
     merged: dict[str, object] = {}
     for block in blocks:

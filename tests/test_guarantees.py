@@ -1,4 +1,4 @@
-"""The scheduling guarantees the README states, each checked as a property over random
+"""The scheduling guarantees docs/policy.md states, each checked as a property over random
 workloads replayed through the pure scheduler on a virtual clock (``tests/replay.py``),
 side by side with FCFS on the same calls.
 
