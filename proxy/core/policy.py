@@ -21,7 +21,7 @@ For each free slot of a provider, among the calls that may use it:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .capacity import Gate, Pool
 from .floors import CAP_CALLS, Floors
@@ -268,8 +268,16 @@ class Policy:
             soonest = patient if soonest is None else min(soonest, patient)
         return soonest
 
-    def set_reserves(self, reserves: Sequence[int | None]) -> None:
-        self.reserves = list(reserves)
+    def override(self, weights: Mapping[int, float], reserves: Mapping[int, int]) -> None:
+        """Weights and fixed reserves in force: the configured ones, but those given."""
+        new_weights = [weights.get(i, spec.weight) for i, spec in enumerate(self._tiers)]
+        new_reserves = [reserves.get(i, spec.reserve) for i, spec in enumerate(self._tiers)]
+        if any(not (w >= 0 and math.isfinite(w)) for w in new_weights):
+            raise ValueError("weights must be finite and not negative")
+        if any(r is not None and r < 0 for r in new_reserves):
+            raise ValueError("reserves must not be negative")
+        self.set_weights(new_weights)
+        self.reserves = new_reserves
 
 
 def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:

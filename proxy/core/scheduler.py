@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from .capacity import Capacity, Gate, Pool, all_down, first_open
+from .charges import Charges
 from .floors import Floors
 from .generations import TierMaps
 from .headroom import Headroom
@@ -84,21 +85,22 @@ class Scheduler:
         self._tiers = settings.tiers
         count = len(settings.tiers)
         promote = settings.tier_promote_after_s
-        self._key_stats = KeyStats(count)
+        stats = KeyStats(count)
         self._queues = TicketQueues(
             count, settings.levels,
             [[min(after, LEVEL_AGING * t.max_wait_s) for after in settings.promote_after_s]
              for t in settings.tiers],
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
-            self._capacity.gates_by_pool, self._key_stats.queued,
+            self._capacity.gates_by_pool, stats.queued,
         )
         weights = [t.weight for t in settings.tiers]
         self._floors = Floors(weights)
         self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
                                   self._floors.shares, settings.headroom_budget)
-        self._keys = KeyTags(count)
         self._policy = Policy(settings, self._queues, self._floors, self._headroom)
+        self._charges = Charges(self._policy, self._queues, self._floors, self._headroom,
+                                KeyTags(count), stats)
 
     def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
                     deployments: Mapping[str, str], tier_map: Sequence[int],
@@ -119,13 +121,8 @@ class Scheduler:
         self._tier_maps.add(tier_map)
         for ticket in [*queued, *self._running]:
             self._tier_maps.bring_up(ticket, settings.levels)
-        for ticket in self._running:  # a re-try goes back to the front, as it would have
-            ticket.tag = 0.0
-        for ticket in sorted(queued, key=lambda t: t.order):  # keys' shares start over too
-            likely = self._capacity.route(ticket.candidates)[1][0].name
-            ticket.key_claim_s = self._policy.claim(likely, ticket)
-            ticket.tag = self._keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
-                                           ticket.key_claim_s)
+        self._charges.retag(queued, self._running, {
+            t: self._capacity.route(t.candidates)[1][0].name for t in queued})
         self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
             self._capacity.set_max(name, limit, now)
@@ -156,10 +153,7 @@ class Scheduler:
         if first:
             ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
                           self._tiers[ticket.tier].max_wait_s)
-            likely = first_open(gates, now).pool.name
-            claim = ticket.key_claim_s = self._policy.claim(likely, ticket)
-            ticket.tag = self._keys.arrive(ticket.tier, ticket.key, ticket.key_weight, claim)
-            self._headroom.record(likely, ticket.tier, claim, now)
+            self._charges.arrived(ticket, first_open(gates, now).pool.name, now)
         ticket.state = QUEUED
         ticket.visit += 1
         ticket.queued_at = now
@@ -211,19 +205,7 @@ class Scheduler:
         pool.running[ticket.current_tier] -= 1
         ticket.state = RELEASED
         del self._running[ticket]
-        delta = 0.0
-        if not used:
-            delta = -ticket.charged_s
-        elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
-            delta = service_s - ticket.charged_s
-            self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
-            self._policy.served(pool.name, ticket.current_tier, service_s, now)
-        if delta:
-            tier = ticket.current_tier
-            self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
-                               self._policy.credit_cap(pool, now), ticket.floor_paid_s)
-            self._keys.correct(tier, ticket.key, ticket.key_weight, delta)
-            self._key_stats.served(tier, ticket.key, delta, now)
+        self._charges.ended(ticket, pool, service_s, used, now)
         self._fill(pool, now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
@@ -302,16 +284,7 @@ class Scheduler:
                    now: float) -> None:
         """Override tier weights and fixed reserves (time-of-day schedules); None restores
         the configured values. Tiers missing from a mapping keep their configured value."""
-        new_weights = [(weights or {}).get(i, spec.weight) for i, spec in enumerate(self._tiers)]
-        new_reserves = [
-            (reserves or {}).get(i, spec.reserve) for i, spec in enumerate(self._tiers)
-        ]
-        if any(not (w >= 0 and math.isfinite(w)) for w in new_weights):
-            raise ValueError("weights must be finite and not negative")
-        if any(r is not None and r < 0 for r in new_reserves):
-            raise ValueError("reserves must not be negative")
-        self._policy.set_weights(new_weights)
-        self._policy.set_reserves(new_reserves)
+        self._policy.override(weights or {}, reserves or {})
         self._fill_all(now)
 
     # --- views --------------------------------------------------------------------------
@@ -346,7 +319,7 @@ class Scheduler:
         return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
-        keys = self._key_stats.snapshot(now)
+        keys = self._charges.stats.snapshot(now)
         tiers = [{"name": spec.name, "weight": self._floors.weights[i],
                   **self._queues.snapshot(i, now), "keys": keys[i]}
                  for i, spec in enumerate(self._tiers)]
@@ -392,18 +365,11 @@ class Scheduler:
         gate.inflight += 1
         pool.running[tier] += 1
         self._running[ticket] = None
-        ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
-        ticket.floor_paid_s = 0.0
-        if self._queues.queued:  # floors only move while calls wait
-            ticket.floor_paid_s = self._floors.serve(
-                pool.name, tier, charged, self._queues.counts(pool.name),
-                self._policy.credit_cap(pool, now))
-        self._keys.started(tier, ticket.tag)
-        self._key_stats.served(tier, ticket.key, charged, now, now - ticket.queued_at)
+        self._charges.started(ticket, pool, now)
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
-        self._queues.promote_tiers(now, self._keys.virtual)
+        self._queues.promote_tiers(now, self._charges.keys.virtual)
         self._queues.age(now)
 
     # --- bookkeeping --------------------------------------------------------------------
@@ -413,7 +379,7 @@ class Scheduler:
             self._leave(ticket, REJECTED, now)
         else:
             ticket.state = REJECTED
-            self._unclaim(ticket)
+            self._charges.unclaim(ticket)
         ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
         self._out.rejections.append(Rejection(
             ticket, code, self._capacity.retry_after(ticket.candidates, ahead_s, now)))
@@ -421,26 +387,10 @@ class Scheduler:
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
         ticket.waited_s += now - ticket.queued_at
-        self._unclaim(ticket)
-
-    def _unclaim(self, ticket: Ticket) -> None:
-        """A call that leaves without ever having been served: its key is not charged."""
-        if math.isnan(ticket.dispatched_at) and ticket.key_claim_s:
-            self._keys.correct(ticket.current_tier, ticket.key, ticket.key_weight,
-                               -ticket.key_claim_s)
-            ticket.key_claim_s = 0.0
+        self._charges.unclaim(ticket)
 
     def _enforce_bounds(self, ticket: Ticket, now: float) -> None:
-        tier = ticket.current_tier
-        limit = self._tiers[tier].max_queue
-        depth = self._queues.depth
-        over_tier = limit is not None and depth[tier] > limit
-        if not over_tier and self._queues.queued <= self._settings.max_queue:
-            return
-        if not over_tier:
-            victim_tier = max(i for i, d in enumerate(depth) if d)
-            victim = self._queues.newest(victim_tier)
-            if victim_tier > tier and victim is not None:
-                self._reject(victim, "evicted", now)
-                return
-        self._reject(ticket, "queue_full", now)
+        out = self._queues.overflow(ticket, self._tiers[ticket.current_tier].max_queue,
+                                    self._settings.max_queue)
+        if out is not None:
+            self._reject(out, "queue_full" if out is ticket else "evicted", now)

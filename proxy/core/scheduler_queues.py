@@ -198,6 +198,22 @@ class TicketQueues:
             self._entries -= 1
         return None
 
+    def overflow(self, ticket: Ticket, tier_limit: int | None, limit: int) -> Ticket | None:
+        """Past a bound once ``ticket`` joined: the call to refuse — the latest arrival of
+        the least urgent tier if that is less urgent than ``ticket`` and only the total
+        bound is passed (evicted), else ``ticket`` itself (queue full); None: within."""
+        tier = ticket.current_tier
+        depth = self.depth
+        over_tier = tier_limit is not None and depth[tier] > tier_limit
+        if not over_tier and self.queued <= limit:
+            return None
+        if not over_tier:
+            victim_tier = max(i for i, d in enumerate(depth) if d)
+            victim = self.newest(victim_tier)
+            if victim_tier > tier and victim is not None:
+                return victim
+        return ticket
+
     def earliest_deadline(self, tier: int) -> float:
         """The earliest deadline of a ticket queued in ``tier`` now."""
         heap = self._due[tier]

@@ -16,12 +16,32 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
+from ..core.limits import ProviderLimits
 from ..core.value import value
 
 
 def replica_id() -> str:
     """Unique across machines and restarts; readable in status pages."""
     return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class LocalRates:
+    """A replica's share of each shared rpm/tpm limit while Redis is away: the limit over
+    the replicas alive."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, ProviderLimits] = {}
+
+    def take(self, name: str, rpm: int | None, tpm: int | None, replicas: int, tokens: int,
+             now: float) -> float:
+        """0.0, or the seconds to wait (nothing taken)."""
+        share = max(replicas, 1)
+        rates = (None if rpm is None else max(rpm // share, 1),
+                 None if tpm is None else max(tpm // share, 1))
+        found = self._buckets.get(name)
+        if found is None or found.rates != rates:
+            found = self._buckets[name] = ProviderLimits(*rates)
+        return found.take(tokens, now)
 
 
 @value

@@ -31,9 +31,8 @@ from redis.exceptions import RedisError
 
 from ..config.state import StateSettings
 from ..core.errors import StateUnavailable
-from ..core.limits import ProviderLimits
 from . import scripts
-from .base import Hooks, Lease, replica_id
+from .base import Hooks, Lease, LocalRates, replica_id
 from .batcher import Batcher
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class RedisState:
         self._give_back = self._batcher.give_back
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
-        self._local_rates: dict[str, ProviderLimits] = {}
+        self._local_rates = LocalRates()
         self._remote_open: dict[str, float] = {}  # deployment → until, as heard from Redis
         self._recreate = False
         self._back_at: float | None = None  # Redis answered again (not yet trusted)
@@ -244,7 +243,7 @@ class RedisState:
             except REDIS_ERRORS as exc:
                 self._failed(exc)
         self._check_reject()
-        return self._local_rate(name, rpm, tpm).take(tokens, time.monotonic())
+        return self._local_rates.take(name, rpm, tpm, self.alive, tokens, time.monotonic())
 
     def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
                     tokens: int) -> None:
@@ -257,16 +256,6 @@ class RedisState:
             await self._rate(args=[self._p, name, rpm, tpm, requests, tokens, 0])
         except REDIS_ERRORS as exc:
             self._failed(exc)
-
-    def _local_rate(self, name: str, rpm: int | None, tpm: int | None) -> ProviderLimits:
-        """This replica's share of a limit while Redis is away."""
-        share = max(self.alive, 1)
-        rates = (None if rpm is None else max(rpm // share, 1),
-                 None if tpm is None else max(tpm // share, 1))
-        found = self._local_rates.get(name)
-        if found is None or found.rates != rates:
-            found = self._local_rates[name] = ProviderLimits(*rates)
-        return found
 
     # --- health -------------------------------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""What each call is charged to: its tier's floor (``proxy.core.floors``), its key's share
+of the tier (``proxy.core.keys``), the headroom's record of demand
+(``proxy.core.headroom``) and its provider's service times (``proxy.core.policy``).
+
+A call is charged its claim (its estimate, capped: ``Policy.claim``) when it arrives
+(its key's virtual start, the demand) and when it gets a slot (its tier's floor), and
+corrected by what it really took when its slot comes back; one that leaves without ever
+having a slot costs its key nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .capacity import Pool
+from .floors import Floors
+from .headroom import Headroom
+from .keys import KeyStats, KeyTags
+from .policy import Policy
+from .scheduler_queues import TicketQueues
+from .scheduler_types import Ticket
+
+
+class Charges:
+    def __init__(self, policy: Policy, queues: TicketQueues, floors: Floors,
+                 headroom: Headroom, keys: KeyTags, stats: KeyStats) -> None:
+        self._policy = policy
+        self._queues = queues
+        self._floors = floors
+        self._headroom = headroom
+        self.keys = keys
+        self.stats = stats
+
+    def arrived(self, ticket: Ticket, likely: str, now: float) -> None:
+        """A new call, most likely for provider ``likely``: its key's virtual start, and
+        the demand the headroom expects."""
+        claim = ticket.key_claim_s = self._policy.claim(likely, ticket)
+        ticket.tag = self.keys.arrive(ticket.tier, ticket.key, ticket.key_weight, claim)
+        self._headroom.record(likely, ticket.tier, claim, now)
+
+    def retag(self, queued: Iterable[Ticket], running: Iterable[Ticket], likely: dict[
+            Ticket, str]) -> None:
+        """After a reload (keys' shares start over): running calls go back to the front
+        if they are re-tried, queued ones are tagged anew in arrival order."""
+        for ticket in running:
+            ticket.tag = 0.0
+        for ticket in sorted(queued, key=lambda t: t.order):
+            ticket.key_claim_s = self._policy.claim(likely[ticket], ticket)
+            ticket.tag = self.keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
+                                          ticket.key_claim_s)
+
+    def started(self, ticket: Ticket, pool: Pool, now: float) -> None:
+        """``ticket`` got a slot of ``pool``."""
+        tier = ticket.current_tier
+        ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
+        ticket.floor_paid_s = 0.0
+        if self._queues.queued:  # floors only move while calls wait
+            ticket.floor_paid_s = self._floors.serve(
+                pool.name, tier, charged, self._queues.counts(pool.name),
+                self._policy.credit_cap(pool, now))
+        self.keys.started(tier, ticket.tag)
+        self.stats.served(tier, ticket.key, charged, now, now - ticket.queued_at)
+
+    def ended(self, ticket: Ticket, pool: Pool, service_s: float | None, used: bool,
+              now: float) -> None:
+        """``ticket``'s slot of ``pool`` came back after ``service_s`` (if known), or
+        unused: every charge is corrected by the difference from what it claimed."""
+        delta = 0.0
+        if not used:
+            delta = -ticket.charged_s
+        elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
+            delta = service_s - ticket.charged_s
+            self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
+            self._policy.served(pool.name, ticket.current_tier, service_s, now)
+        if delta:
+            tier = ticket.current_tier
+            self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),
+                               self._policy.credit_cap(pool, now), ticket.floor_paid_s)
+            self.keys.correct(tier, ticket.key, ticket.key_weight, delta)
+            self.stats.served(tier, ticket.key, delta, now)
+
+    def unclaim(self, ticket: Ticket) -> None:
+        """``ticket`` leaves without having been served: its key is not charged."""
+        if math.isnan(ticket.dispatched_at) and ticket.key_claim_s:
+            self.keys.correct(ticket.current_tier, ticket.key, ticket.key_weight,
+                              -ticket.key_claim_s)
+            ticket.key_claim_s = 0.0
