@@ -42,7 +42,7 @@ class Floors:
         self._weights = list(weights)
         self.shares = [w / total if total else 0.0 for w in weights]
 
-    def credit(self, pool: str) -> list[float]:
+    def _row(self, pool: str) -> list[float]:
         found = self._credit.get(pool)
         if found is None:
             found = self._credit[pool] = [0.0] * len(self._weights)
@@ -55,7 +55,7 @@ class Floors:
         Returns what ``tier``'s credit paid for it. Seconds given back return to ``tier``
         at most the ``refund`` it paid for them, so a charge the floor at zero absorbed is
         not paid back as credit nobody earned."""
-        credit = self.credit(pool)
+        credit = self._row(pool)
         shares = self.shares
         paid = 0.0
         for t, count in enumerate(waiting):
@@ -79,14 +79,6 @@ class Floors:
     def credits(self, pool: str) -> list[float] | None:
         """Each tier's credit on ``pool`` (None: no tier has had any)."""
         return self._credit.get(pool)
-
-    def owed(self, pool: str, tier: int, unit: float) -> float:
-        """How many longest calls ``tier`` is behind its floor on ``pool`` (at least 1:
-        owed)."""
-        if not self.shares[tier] or unit <= 0.0:
-            return 0.0
-        credit = self._credit.get(pool)
-        return 0.0 if credit is None else credit[tier] / unit
 
     def snapshot(self, pool: str) -> list[float]:
         return [round(c, 3) for c in self._credit.get(pool, [0.0] * len(self._weights))]

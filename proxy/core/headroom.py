@@ -126,14 +126,6 @@ class Headroom:
         age = now - stamp
         rate[tier] = rate[tier] * math.exp(-(0.0 if age < 0.0 else age) / self._horizon)
 
-    def rate(self, provider: str, tier: int, now: float) -> float:
-        """Recent arrivals of ``tier`` at ``provider``, per second."""
-        rate = self._rate.get(provider)
-        if rate is None:
-            return 0.0
-        return self._decayed(rate[tier], self._stamp[provider][tier],
-                             self._quiet[provider][tier], now)
-
     def offered(self, provider: str, tier: int, now: float) -> float:
         """Recent offered load of ``tier`` on ``provider``, in busy slots, as claimed."""
         load = self._load.get(provider)

@@ -38,7 +38,3 @@ class Lru(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
-
-    def items(self) -> list[tuple[K, V]]:
-        """The entries, least recently used first (a copy: safe to change while walking)."""
-        return list(self._data.items())

@@ -10,9 +10,10 @@ For each free slot of a provider, among the calls that may use it:
 3. *Within a tier*: a call at risk (less than ``rescue_fraction`` of its ``max_wait_s``
    left) first, in deadline order; else the top level (short calls first), and within a
    level the key with the earliest virtual start (``proxy.core.keys``), so keys share
-   the tier by weight; a call moves up a level after ``promote_after_s[level]``, and
-   after ``tier_promote_after_s`` (off by default) up one tier, once, never above its
-   ``ceiling``.
+   the tier by weight; a call moves up a level after ``promote_after_s[level]`` or
+   ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever is sooner
+   (``proxy.core.scheduler``), and after ``tier_promote_after_s`` (off by default) up one
+   tier, once, never above its ``ceiling``.
 4. *Headroom* (``proxy.core.headroom``): a call that has used less than half of its
    ``max_wait_s`` may not take the last free slots held for more urgent arrivals; never
    every slot, and never beyond the more urgent tiers' floors.

@@ -52,9 +52,8 @@ class SchedulerSettings:
       idle while calls wait (an EWMA over ``BUDGET_HORIZON_S``); past it they stop until
       the idle time decays under it.
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
-      left is *at risk*: it goes before shorter, later calls of its tier, and it may take a
-      slot that a less urgent tier's floor is owed while that tier is owed little and has
-      no call at risk itself (``proxy.core.floors``).
+      left is *at risk*: it goes before the other calls of its tier, whatever their level
+      or key, in deadline order (never before another tier's floor).
     """
 
     tiers: tuple[TierSpec, ...]

@@ -22,8 +22,8 @@ key's weight (VirtualClock; calls granted at once move nothing, so a key that ha
 provider to itself is not made to pay for it later). So a key that sends a burst, from
 any replica, queues behind itself, a key that sends now and then starts at its arrival,
 and keys that keep calls waiting are served by weight, across every replica; a key's own
-calls keep their arrival order. In
-scores ``now`` counts from 2023-11-14, so 2**41 ms last until 2093.
+calls keep their arrival order. In scores ``now`` counts from 2023-11-14, so 2**41 ms last
+until 2093.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ end
 # Slots asked for and given back since the last call, in one round trip. ARGV: prefix,
 # ttl_ms, then counted lists: releases (provider, member, limit), acquires (provider,
 # member, limit, rank, waited_ms, key, weight, claim_ms). Answers one flag per acquire: 1
-# granted, 0 waiting (its
-# replica is woken through its wake list when a slot is handed to it). Releasing twice, or
-# a member never seen, is harmless; releasing a waiter withdraws it. Releases go first, so
-# a slot given back in the same batch is handed to the best waiter, not the batch's next.
+# granted, 0 waiting (its replica is woken through its wake list when a slot is handed to
+# it). Releasing twice, or a member never seen, is harmless; releasing a waiter withdraws
+# it. Releases go first, so a slot given back in the same batch is handed to the best
+# waiter, not the batch's next.
 BATCH = _NOW + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
 local i = 3
