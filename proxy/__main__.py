@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--workers", type=int, default=1,
                        help="processes serving one port (more than 1 needs state.backend: "
                             "redis)")
+    serve.add_argument("--no-fast-lane", action="store_true",
+                       help="serve every call through aiohttp's own request handling "
+                            "(as server.fast_lane: false)")
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     check = commands.add_parser("check", help="validate a config and print a summary")
     check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.access_log:
         config = dataclasses.replace(
             config, access_log=dataclasses.replace(config.access_log, enabled=True))
+    if args.no_fast_lane:
+        config = dataclasses.replace(
+            config, server=dataclasses.replace(config.server, fast_lane=False))
     try:
         # Workers of one supervisor share the token their own calls (batch lines,
         # background responses) authenticate with: a line may land on any of them.
@@ -153,6 +159,8 @@ def _workers(args: argparse.Namespace, config: Config, host: str, port: int) -> 
     child = ["--config", args.config, "--log-level", args.log_level]
     if args.access_log:
         child.append("--access-log")
+    if args.no_fast_lane:
+        child.append("--no-fast-lane")
     try:
         return supervise(args.workers, host, port, child, INTERNAL_TOKEN_ENV)
     except OSError as exc:

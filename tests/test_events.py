@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.http.events import EventStream, LaneEvents, event_stream
+from proxy.http.events import EventStream, event_stream
 from proxy.http.front import FastRequest, FrontProtocol
 from proxy.http.head import Head
+from proxy.http.lane_events import LaneEvents
 
 from .fakes import Sink, aiohttp_request
 
@@ -27,6 +28,8 @@ class Protocol(BaseProtocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
+
+    ssl_context = peername = sockname = None
 
 
 def lane_request(keep_alive: bool) -> tuple[FastRequest, BaseProtocol, Sink]:
@@ -46,10 +49,10 @@ steps = st.lists(st.tuples(st.sampled_from(["write", "eof"]),
                            st.binary(max_size=40)), max_size=5)
 
 
-async def run(response: web.StreamResponse, request: object, writes: list[tuple[str, bytes]],
+async def run(response: EventStream, request: object, writes: list[tuple[str, bytes]],
               status: int) -> None:
     response.set_status(status)
-    await response.prepare(cast(web.BaseRequest, request))
+    await response.begin(cast(web.BaseRequest, request))
     for kind, data in writes:
         if kind == "eof":
             await response.write_eof(data)
@@ -94,7 +97,7 @@ async def test_only_a_lane_request_gets_the_lane_answer() -> None:
 async def test_a_write_waits_while_the_client_is_not_reading() -> None:
     lane, protocol, sink = lane_request(True)
     answer = event_stream(lane, {})
-    await answer.prepare(cast(web.BaseRequest, lane))
+    await answer.begin(lane)
     protocol.pause_writing()
     write = asyncio.ensure_future(answer.write(b"data: 1\n\n"))
     await asyncio.sleep(0.01)
@@ -106,7 +109,7 @@ async def test_a_write_waits_while_the_client_is_not_reading() -> None:
 async def test_writing_to_a_closed_connection_raises_as_aiohttp_does() -> None:
     lane, _, sink = lane_request(True)
     answer = event_stream(lane, {})
-    await answer.prepare(cast(web.BaseRequest, lane))
+    await answer.begin(lane)
     sink.closing = True
     with pytest.raises(ClientConnectionResetError):
         await answer.write(b"data: 1\n\n")
@@ -116,12 +119,12 @@ async def test_after_its_end_the_answer_is_prepared_and_writes_nothing_more() ->
     lane, _, sink = lane_request(True)
     answer = event_stream(lane, {})
     assert not answer.prepared
-    await answer.prepare(cast(web.BaseRequest, lane))
+    await answer.begin(lane)
     assert answer.prepared
     await answer.write_eof(b"data: [DONE]\n\n")
     sent = bytes(sink.data)
     assert sent.endswith(b"\r\n0\r\n\r\n")
-    await answer.prepare(cast(web.BaseRequest, lane))
+    await answer.begin(lane)
     await answer.write_eof()
     assert bytes(sink.data) == sent and answer.prepared
     with pytest.raises(RuntimeError):

@@ -156,7 +156,9 @@ def _aiohttp_reads(data: bytes) -> Reading | None:
         if not messages:
             return None
         message, payload = messages[0]
-        return ([(name.lower(), value) for name, value in message.headers.items()],
+        # A field value excludes the whitespace around it (RFC 9110, 5.5), as the lane and
+        # later aiohttp releases read it; 3.14.0 keeps what trails it.
+        return ([(name.lower(), value.strip(" \t")) for name, value in message.headers.items()],
                 payload.total_bytes, not message.should_close)
     finally:
         loop.close()
@@ -394,7 +396,7 @@ async def test_pipelined_bytes_past_the_hold_limit_pause_reading_then_are_served
     writer.write(post() * 6)
     await asyncio.sleep(0.1)
     lane, = front_of(proxy).lanes
-    assert lane._buffer_paused  # the first call is still upstream
+    assert lane._held  # the first call is still upstream
     got = await answers.read(6)
     assert all(is_completion(answer) for answer in got)
     writer.write(post())  # reading resumed

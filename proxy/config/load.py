@@ -66,6 +66,11 @@ class AccessLogSettings:
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    fast_lane: bool = True  # proxied calls skip aiohttp's per-request machinery where they can
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen
     tiers: tuple[TierSpec, ...]
@@ -84,6 +89,7 @@ class Config:
     admin_sha256: str | None = None  # None: admin endpoints answer loopback clients only
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     drain_timeout_s: float = 30.0  # SIGTERM: how long calls in flight may finish
+    server: ServerSettings = field(default_factory=ServerSettings)
     state: StateSettings = field(default_factory=StateSettings)
     batch: BatchSettings = field(default_factory=lambda: BatchSettings(tier="low"))
     storage: StorageSettings = field(default_factory=StorageSettings)
@@ -174,6 +180,9 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     )
     access_node.check_unknown()
     drain_timeout_s = root.number("drain_timeout_s", 30.0, maximum=3600.0)
+    server_node = root.node("server")
+    server = ServerSettings(fast_lane=server_node.boolean("fast_lane", True))
+    server_node.check_unknown()
     timezone, schedules = parse_schedules(root.node("schedules"), names)
     retry_node = root.node("retry")
     retry = RetrySettings(
@@ -217,7 +226,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
         admin_sha256=admin_sha256, access_log=access_log, drain_timeout_s=drain_timeout_s,
-        state=state, batch=batch, storage=storage,
+        server=server, state=state, batch=batch, storage=storage,
     )
 
 

@@ -17,7 +17,7 @@ from .auth import bearer
 from .dashboard import DASHBOARD_HTML
 from .edge import is_loopback, secret_digest
 from .service import Service
-from .state import LIFECYCLE, RELOADER, SERVICE, WORK
+from .state import LANE, LIFECYCLE, RELOADER, SERVICE, WORK
 from .work import Work
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,7 +53,8 @@ def admin(handler: Handler) -> Handler:
 
 @admin
 async def status(request: web.Request) -> web.StreamResponse:
-    shown = {**request.app[SERVICE].status(), "work": request.app[WORK].status()}
+    shown = {**request.app[SERVICE].status(), "work": request.app[WORK].status(),
+             "server": request.app[LANE].shown()}
     return web.Response(body=orjson.dumps(shown), content_type="application/json")
 
 

@@ -18,11 +18,12 @@ from . import admin, batches, forward
 from .access import AccessLog
 from .drain import Lifecycle
 from .janitor import sweeping
+from .lanecheck import LaneStatus
 from .middleware import REQUEST_IDS, RequestIds, errors_middleware
 from .reload import Reloader
 from .service import Service
 from .simulated import SimulatedUpstream
-from .state import ACCESS_LOG, LIFECYCLE, RELOADER, SERVICE, WORK
+from .state import ACCESS_LOG, LANE, LIFECYCLE, RELOADER, SERVICE, WORK
 from .upstream import HttpUpstream, Upstream
 from .work import Work
 
@@ -65,6 +66,7 @@ def build_app(
     app[LIFECYCLE] = Lifecycle()
     app[REQUEST_IDS] = RequestIds()
     app[RELOADER] = Reloader(config_path)
+    app[LANE] = LaneStatus()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         upstreams: Mapping[str, Upstream] = {

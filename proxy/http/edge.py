@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from yarl import URL
@@ -54,12 +54,6 @@ class Incoming(Protocol):
     def __getitem__(self, key: web.RequestKey[_T]) -> _T: ...
     def __setitem__(self, key: web.RequestKey[_T], value: _T) -> None: ...
     def get(self, key: web.RequestKey[bool], /) -> Any: ...
-
-
-def written_by_aiohttp(request: Incoming) -> web.BaseRequest:
-    """The request as aiohttp's response writers take it (``prepare``): the fast lane's
-    request has the few attributes they read (version, keep-alive, its writer)."""
-    return cast(web.BaseRequest, request)
 
 
 async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,

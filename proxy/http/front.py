@@ -22,14 +22,19 @@ from typing import Any, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_parser import RawRequestMessage
 from aiohttp.http_writer import HttpVersion11, StreamWriter
+from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.tcp_helpers import tcp_keepalive
 from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
-from .edge import Incoming, written_by_aiohttp
+from .edge import Incoming
 from .head import Head, HeadReader, Other, whole_answer
-from .middleware import errors_middleware, guarded
+from .lane_events import LaneEvents
+from .lanecheck import lane_off_because
+from .middleware import guarded
+from .state import LANE
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +61,7 @@ class FastRequest:
         "path",
     )
     method = "POST"
-    version = HttpVersion11
+    answer_events = LaneEvents  # the SSE answer it is given (``events.event_stream``)
 
     def __init__(self, app: web.Application, head: Head, protocol: FrontProtocol) -> None:
         self.app = app
@@ -75,12 +80,6 @@ class FastRequest:
     @property
     def protocol(self) -> BaseProtocol:
         return self._protocol
-
-    @property
-    def _payload_writer(self) -> StreamWriter:
-        """aiohttp's writer for an answer it writes (a stream): made only then, as a plain
-        answer, the most common, is written without it."""
-        return StreamWriter(self._protocol, self._protocol.loop)
 
     @property
     def rel_url(self) -> URL:
@@ -107,8 +106,21 @@ class FastRequest:
     def get(self, key: web.RequestKey[bool], /) -> Any:
         return self._state.get(key)
 
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        return None  # the app has no on_response_prepare signal (FrontServer checks)
+    def for_aiohttp(self) -> web.BaseRequest:
+        """This request as aiohttp's own, for an answer aiohttp's writer sends (one the
+        lane does not write itself): made only then, as it costs what the lane saves."""
+        protocol = self._protocol
+        headers = self.headers
+        message = RawRequestMessage(
+            "POST", self.path, HttpVersion11, headers,
+            tuple((name.encode(), value.encode()) for name, value in headers.items()),
+            not self.keep_alive, None, False, False, self.rel_url)
+        task = asyncio.current_task()
+        assert task is not None
+        return web.BaseRequest(
+            message, EMPTY_PAYLOAD, cast(RequestHandler, protocol),
+            StreamWriter(protocol, protocol.loop), cast("asyncio.Task[None]", task),
+            protocol.loop, client_max_size=self.app._client_max_size)
 
 
 class FrontProtocol(BaseProtocol):
@@ -119,6 +131,7 @@ class FrontProtocol(BaseProtocol):
         "_closing",
         "_discard",
         "_front",
+        "_held",
         "_idle_since",
         "_linger",
         "_reading",
@@ -135,12 +148,24 @@ class FrontProtocol(BaseProtocol):
         self._linger: asyncio.TimerHandle | None = None  # until then, at most
         self._task_handler: asyncio.Task[None] | None = None
         self._closing = False
+        self._held = False  # reading paused while a request is served and bytes pile up
         self._idle_since = front.loop.time()
         self._timer: asyncio.TimerHandle | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
+
+    # What aiohttp's request reads of its protocol (``FastRequest.for_aiohttp``).
+    ssl_context = None
+
+    @property
+    def peername(self) -> Any:
+        return None if self.transport is None else self.transport.get_extra_info("peername")
+
+    @property
+    def sockname(self) -> Any:
+        return None if self.transport is None else self.transport.get_extra_info("sockname")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -181,8 +206,8 @@ class FrontProtocol(BaseProtocol):
         elif self._reading is not None:
             self._fill()
         if (self._task_handler is not None and self._reading is None
-                and len(self._buffer) > HOLD_BYTES and not self._buffer_paused):
-            self._pause_reading_for_buffer()
+                and len(self._buffer) > HOLD_BYTES and not self._held):
+            self._hold(True)
 
     def _advance(self) -> None:
         """Start the next request once its head is in, or hand the connection to aiohttp."""
@@ -220,12 +245,12 @@ class FrontProtocol(BaseProtocol):
             if whole is None:
                 if not keep_alive:
                     response.force_close()
-                await response.prepare(written_by_aiohttp(request))
+                await response.prepare(request.for_aiohttp())
                 await response.write_eof()
             else:
                 assert self.transport is not None
                 self.transport.writelines(whole)
-                if self._paused:
+                if self.writing_paused:
                     await self._drain_helper()
         except asyncio.CancelledError:
             self._close()
@@ -244,8 +269,8 @@ class FrontProtocol(BaseProtocol):
         if not keep_alive or self._closing:
             self._close()
             return
-        if self._buffer_paused:
-            self._resume_reading_for_buffer()
+        if self._held:
+            self._hold(False)
         if self._buffer:
             self._advance()
 
@@ -283,11 +308,26 @@ class FrontProtocol(BaseProtocol):
         self.transport = None
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        if self._paused:
+        if self.writing_paused:
             handler.pause_writing()
-        if self._buffer_paused:
-            transport.resume_reading()
+        if self._held:
+            self._hold(False, transport)
         handler.data_received(data)
+
+    def _hold(self, held: bool, transport: asyncio.Transport | None = None) -> None:
+        """Pause reading from the client, or resume it (the lane's own flag: aiohttp's
+        protocol keeps its reading state in names that change between releases)."""
+        self._held = held
+        transport = transport or self.transport
+        if transport is None:
+            return
+        try:
+            if held:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+        except (AttributeError, NotImplementedError, RuntimeError):
+            pass  # a transport with no flow control, or one closing
 
     def _on_timer(self) -> None:
         due = self._idle_since + self._front.keepalive_s
@@ -318,9 +358,11 @@ class FrontServer(web.Server):
 
     def __init__(self, inner: web.Server, app: web.Application,
                  routes: Mapping[str, Handler]) -> None:
-        if tuple(app.middlewares) != (errors_middleware,) or app.on_response_prepare:
-            raise RuntimeError("the fast lane runs errors_middleware and no other hook")
+        off_because = lane_off_because(app)
+        if off_because is not None:
+            raise RuntimeError(f"the fast lane cannot serve this app: {off_because}")
         super().__init__(inner.request_handler)
+        app[LANE].on = True
         self.inner = inner
         self.app = app
         self.routes = routes

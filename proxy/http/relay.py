@@ -16,7 +16,7 @@ from ..core.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ..core.route import Deployment
 from ..core.value import value
 from .drain import FAREWELL_S, uncancel
-from .edge import Incoming, upstream_headers, written_by_aiohttp
+from .edge import Incoming, upstream_headers
 from .events import event_stream
 from .service import Service
 from .state import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
@@ -283,7 +283,7 @@ async def relay(
     ending = False  # the stream's end is being written
     try:
         # Waits for nothing (the head goes out with the first event): no watchdog.
-        await answer.prepare(written_by_aiohttp(request))
+        await answer.begin(request)
         # The chunk that ends the upstream's answer goes out with the end of the client's
         # (and, if it is the first, with the head): one write instead of up to three.
         data = tally.feed(first)

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import signal
+from typing import Any
 
 from aiohttp import web
 
@@ -15,8 +16,8 @@ from ..core.errors import InvalidConfig
 from . import forward
 from .app import build_app
 from .edge import is_loopback
-from .front import FrontRunner
-from .state import LIFECYCLE, RELOADER, SERVICE, WORK
+from .lanecheck import lane_off_because
+from .state import LANE, LIFECYCLE, RELOADER, SERVICE, WORK
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,15 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
     # the proxy's own (one line per call, however it ends), not aiohttp's. Proxied calls
-    # take the fast lane (``front``) where they can.
-    runner = FrontRunner(
-        app, forward.ROUTES, handler_cancellation=True, access_log=None,
-        shutdown_timeout=config.drain_timeout_s + AIOHTTP_GRACE_S,
-    )
+    # take the fast lane (``front``) where they can, if it is on and this aiohttp has what
+    # it reads.
+    settings: dict[str, Any] = {"handler_cancellation": True, "access_log": None,
+                                "shutdown_timeout": config.drain_timeout_s + AIOHTTP_GRACE_S}
+    runner = lane_runner(app, settings) if config.server.fast_lane else None
+    if runner is None:
+        runner = web.AppRunner(app, **settings)
+        if not config.server.fast_lane:
+            app[LANE].off_because = "turned off (server.fast_lane: false, or --no-fast-lane)"
     await runner.setup()
     # Everything built so far lives as long as the process: keep it out of the collector's
     # way, and collect young objects less often (per-call garbage is mostly acyclic).
@@ -92,6 +97,20 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(sig)
+
+
+def lane_runner(app: web.Application, settings: dict[str, Any]) -> web.AppRunner | None:
+    """The runner whose server has the fast lane; None, said once in the log, where this
+    aiohttp lacks what the lane reads (``lanecheck``)."""
+    off_because = lane_off_because(app)
+    if off_because is not None:
+        log.warning("fast lane off: %s; calls are served through aiohttp's own handling",
+                    off_because)
+        app[LANE].off_because = off_because
+        return None
+    from .front import FrontRunner  # imported only where it can run
+
+    return FrontRunner(app, forward.ROUTES, **settings)
 
 
 def run(config: Config, host: str, port: int, config_path: str | None = None,
