@@ -416,8 +416,8 @@ async def test_finished_work_is_forgotten_after_the_retention(start: Any) -> Non
     batch = await submit(client, jsonl([chat_line("r")]))
     done = await finished(client, batch.id)
     store = proxy.work.store()
-    assert store.forget_before(done.created_at) == 0  # nothing older yet
-    assert store.forget_before(done.created_at + 10) >= 3  # batch (lines), input, output
+    assert await store.forget_before(done.created_at) == 0  # nothing older yet
+    assert await store.forget_before(done.created_at + 10) >= 3  # batch, lines, in, out
     with pytest.raises(openai.NotFoundError):
         await client.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
@@ -455,9 +455,9 @@ async def test_deleting_files_makes_room_again(start: Any) -> None:
     client = proxy.sdk()
     data = jsonl([chat_line(f"f{i}", "x" * 1000) for i in range(500)])
     uploaded = await client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
-    full = proxy.work.size_bytes()
+    full = await proxy.work.size_bytes()
     await client.files.delete(uploaded.id)
-    assert proxy.work.size_bytes() < full - len(data) // 2
+    assert await proxy.work.size_bytes() < full - len(data) // 2
     assert [f.id for f in (await client.files.list()).data] == []
 
 

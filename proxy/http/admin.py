@@ -53,7 +53,7 @@ def admin(handler: Handler) -> Handler:
 
 @admin
 async def status(request: web.Request) -> web.StreamResponse:
-    shown = {**request.app[SERVICE].status(), "work": request.app[WORK].status(),
+    shown = {**request.app[SERVICE].status(), "work": await request.app[WORK].status(),
              "server": request.app[LANE].shown()}
     return web.Response(body=orjson.dumps(shown), content_type="application/json")
 
@@ -74,8 +74,8 @@ def throttles(service: Service) -> dict[str, int]:
     return counts
 
 
-def live_event(service: Service, work: Work, now: float,
-               after: int | None) -> dict[str, object]:
+async def live_event(service: Service, work: Work, now: float,
+                     after: int | None) -> dict[str, object]:
     """What the dashboard shows, all of it: ``/admin/status`` as it is now, the 429s, the
     usage, the rejections, the batches running, and the history's seconds after ``after``
     (all of them when ``after`` is None)."""
@@ -83,7 +83,8 @@ def live_event(service: Service, work: Work, now: float,
     return {
         "t": math.floor(now), "window_s": live.window_s, "status": service.status(),
         "throttles": throttles(service), "points": live.points(now, after),
-        "usage": live.usage(), "rejections": live.rejections(), "batches": work.running(),
+        "usage": live.usage(), "rejections": live.rejections(),
+        "batches": await work.running(),
     }
 
 
@@ -107,7 +108,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             except (InvalidAdminKey, AdminLoopbackOnly):
                 break
             now = service.clock.now()
-            event = live_event(service, request.app[WORK], now, after)
+            event = await live_event(service, request.app[WORK], now, after)
             try:
                 await stream.send(orjson.dumps(event).decode(), event="snapshot")
             except (ConnectionError, TimeoutError):
@@ -120,7 +121,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 @admin
 async def history(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    event = live_event(service, request.app[WORK], service.clock.now(), None)
+    event = await live_event(service, request.app[WORK], service.clock.now(), None)
     return web.Response(body=orjson.dumps(event), content_type="application/json")
 
 

@@ -85,29 +85,29 @@ async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
                              param="purpose")
     if not content:
         raise InvalidRequest("file: missing or empty.", param="file")
-    work.check_room(len(content))
+    await work.check_room(len(content))
     row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename,
            "created_at": int(work.clock.wall())}
-    await asyncio.to_thread(work.store().add_file, row, bytes(content))
+    await work.store().add_file(row, bytes(content))
     return _json(file_doc({**row, "bytes": len(content)}))
 
 
-def _file(request: web.Request) -> tuple[str, Work, dict[str, Any]]:
+async def _file(request: web.Request) -> tuple[str, Work, dict[str, Any]]:
     owner, work = _caller(request)
-    found = work.store().file(request.match_info["file_id"], owner)
+    found = await work.store().file(request.match_info["file_id"], owner)
     if found is None:
         raise NotFound("No such file.")
     return owner, work, found
 
 
 async def get_file(request: web.Request) -> web.Response:
-    return _json(file_doc(_file(request)[2]))
+    return _json(file_doc((await _file(request))[2]))
 
 
 async def file_content(request: web.Request) -> web.Response:
-    owner, work, found = _file(request)
+    owner, work, found = await _file(request)
     async with work.heavy:
-        content = await asyncio.to_thread(work.store().file_content, found["id"], owner)
+        content = await work.store().file_content(found["id"], owner)
     if content is None:
         raise NotFound("No such file.")
     return web.Response(body=content, content_type="application/octet-stream")
@@ -116,14 +116,15 @@ async def file_content(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     owner, work = _caller(request)
     purpose = request.query.get("purpose")
-    rows = [row for row in work.store().files(owner) if purpose in (None, row["purpose"])]
+    rows = [row for row in await work.store().files(owner)
+            if purpose in (None, row["purpose"])]
     return _json({"object": "list", "data": [file_doc(row) for row in rows],
                   "has_more": False})
 
 
 async def delete_file(request: web.Request) -> web.Response:
-    owner, work, found = _file(request)
-    work.store().delete_file(found["id"], owner)
+    owner, work, found = await _file(request)
+    await work.store().delete_file(found["id"], owner)
     return _json({"id": found["id"], "object": "file", "deleted": True})
 
 
@@ -148,11 +149,11 @@ async def create_batch(request: web.Request) -> web.Response:
     file_id = body.get("input_file_id")
     store = work.store()
     async with work.heavy:
-        content = (await asyncio.to_thread(store.file_content, file_id, owner)
+        content = (await store.file_content(file_id, owner)
                    if isinstance(file_id, str) else None)
         if content is None or not isinstance(file_id, str):
             raise InvalidRequest("input_file_id: no such file.", param="input_file_id")
-        work.check_room(len(content))
+        await work.check_room(len(content))
         try:
             good, bad = await asyncio.to_thread(read_lines, content, endpoint,
                                                 work.config.batch.max_lines)
@@ -170,32 +171,32 @@ async def create_batch(request: web.Request) -> web.Response:
                           f"line {b.index + 1}: {b.message}"))
               for b in bad]
     async with work.heavy:
-        await asyncio.to_thread(store.add_batch, batch_id, owner, now, "in_progress",
-                                orjson.dumps(doc).decode(), lines)
+        await store.add_batch(batch_id, owner, now, "in_progress", orjson.dumps(doc).decode(),
+                              lines)
     work.run_batch(batch_id)
-    return _json(_counted(work, batch_id, doc))
+    return _json(await _counted(work, batch_id, doc))
 
 
-def _counted(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, Any]:
+async def _counted(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The batch with its request counts as they are now."""
     if doc["status"] in ("in_progress", "cancelling"):
-        counts = work.store().counts(batch_id)
+        counts = await work.store().counts(batch_id)
         doc["request_counts"] = request_counts(doc["request_counts"]["total"], counts)
     return doc
 
 
-def _batch(request: web.Request) -> tuple[Work, str, dict[str, Any]]:
+async def _batch(request: web.Request) -> tuple[Work, str, dict[str, Any]]:
     owner, work = _caller(request)
     batch_id = request.match_info["batch_id"]
-    found = work.store().batch(batch_id, owner)
+    found = await work.store().batch(batch_id, owner)
     if found is None:
         raise NotFound("No such batch.")
     return work, batch_id, orjson.loads(found[1])
 
 
 async def get_batch(request: web.Request) -> web.Response:
-    work, batch_id, doc = _batch(request)
-    return _json(_counted(work, batch_id, doc))
+    work, batch_id, doc = await _batch(request)
+    return _json(await _counted(work, batch_id, doc))
 
 
 async def list_batches(request: web.Request) -> web.Response:
@@ -204,7 +205,7 @@ async def list_batches(request: web.Request) -> web.Response:
         limit = min(max(int(request.query.get("limit", "20")), 1), MAX_LIST)
     except ValueError:
         raise InvalidRequest("limit: an integer from 1 to 100.", param="limit") from None
-    docs = work.store().batches(owner, request.query.get("after"), limit + 1)
+    docs = await work.store().batches(owner, request.query.get("after"), limit + 1)
     data = [orjson.loads(doc) for doc in docs[:limit]]
     return _json({"object": "list", "data": data,
                   "first_id": data[0]["id"] if data else None,
@@ -213,17 +214,17 @@ async def list_batches(request: web.Request) -> web.Response:
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
-    work, batch_id, doc = _batch(request)
+    work, batch_id, doc = await _batch(request)
     if doc["status"] == "in_progress":
         cancelling = {**doc, "status": "cancelling", "cancelling_at": int(work.clock.wall())}
-        if work.store().cancel_batch(batch_id, orjson.dumps(cancelling).decode()):
+        if await work.store().cancel_batch(batch_id, orjson.dumps(cancelling).decode()):
             doc = cancelling
             work.run_batch(batch_id)  # a running batch sees it within a second
         else:  # it ended meanwhile: as it is now
-            found = work.store().batch(batch_id)
+            found = await work.store().batch(batch_id)
             assert found is not None
             doc = orjson.loads(found[1])
-    return _json(_counted(work, batch_id, doc))
+    return _json(await _counted(work, batch_id, doc))
 
 
 # --- background responses ---------------------------------------------------------------
@@ -248,37 +249,38 @@ async def _background(request: Incoming, owner: str, call: Call) -> web.Response
     if call.model not in request.app[SERVICE].config.models:
         raise InvalidRequest("model: not served by this proxy.", param="model")
     encoded = orjson.dumps({k: v for k, v in call.body.items() if k != "background"})
-    work.check_room(len(encoded))
+    await work.check_room(len(encoded))
     response_id = new_id(CHAT_PREFIX if call.kind == "chat" else "resp_")
     now = int(work.clock.wall())
     doc = response_doc(response_id, now, "queued", call.model)
-    work.store().add_response(response_id, owner, now, encoded, orjson.dumps(doc))
+    await work.store().add_response(response_id, owner, now, encoded, orjson.dumps(doc))
     work.run_response(response_id)
     answer = _json(doc)
     answer.headers["x-proxy-background-id"] = response_id
     return answer
 
 
-def _response(request: web.Request) -> tuple[Work, str, str, bytes]:
+async def _response(request: web.Request) -> tuple[Work, str, str, bytes]:
     owner, work = _caller(request)
     response_id = request.match_info["response_id"]
-    found = work.store().response(response_id, owner) if work.opened or work.exists() else None
+    found = (await work.store().response(response_id, owner)
+             if work.opened or work.exists() else None)
     if found is None:
         raise NotFound("No such background response.")
     return work, response_id, found[0], found[1]
 
 
 async def get_response(request: web.Request) -> web.Response:
-    return web.Response(body=_response(request)[3], content_type="application/json")
+    return web.Response(body=(await _response(request))[3], content_type="application/json")
 
 
 async def cancel_response(request: web.Request) -> web.Response:
-    work, response_id, status, doc = _response(request)
+    work, response_id, status, doc = await _response(request)
     if status in ("queued", "in_progress"):
         parsed = orjson.loads(doc)
         cancelled = orjson.dumps({**parsed, "status": "cancelled"})
-        if work.store().set_response(response_id, "cancelled", cancelled,
-                                     only_if=("queued", "in_progress")):
+        if await work.store().set_response(response_id, "cancelled", cancelled,
+                                           only_if=("queued", "in_progress")):
             work.cancel_response(response_id)
             doc = cancelled
     return web.Response(body=doc, content_type="application/json")

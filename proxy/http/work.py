@@ -11,6 +11,7 @@ ends; an answer (2xx, or the upstream's 4xx) is recorded once.
 
 Everything is in the store first. One process runs the work (a lease in the store); lines
 a runner left running when it stopped run again under the next (sent again, answered once).
+Every store call is awaited (``proxy.store.offloop``): none runs on the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
@@ -31,13 +32,9 @@ from ..core.batchdoc import background_path, error_line, output_line, request_co
 from ..core.clock import Clock
 from ..core.errors import StorageFull
 from ..core.retry import parse_retry_after
-from ..store import open_store, store_errors
+from ..store import AsyncStore, open_store, store_errors
 from .auth import ON_BEHALF
 from .metrics import Metrics
-
-if TYPE_CHECKING:
-    from ..store.redis_store import RedisStore
-    from ..store.sqlite import Store
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,7 @@ class Work:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self._token = token
-        self._store: Store | RedisStore | None = None
+        self._store: AsyncStore | None = None
         self.errors = store_errors(config.state.backend == "redis")
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
         self._session: aiohttp.ClientSession | None = None
@@ -74,7 +71,8 @@ class Work:
         # Uploads, batch creations and file reads each hold up to max_file_bytes: a few at once.
         self.heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         self.base_url: str | None = None  # where this proxy listens (set once it does)
-        self.metrics.storage_bytes.set_function(self.size_bytes)
+        self.stored_bytes = 0  # the store's size when last read (every second, by the lead)
+        self.metrics.storage_bytes.set_function(lambda: self.stored_bytes)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -89,9 +87,9 @@ class Work:
         path = self.config.storage.path
         return path != ":memory:" and Path(path).exists()
 
-    def store(self) -> Store | RedisStore:
-        """The store, opened on first use (a proxy that never gets such work writes no
-        file): SQLite, or Redis with the redis state backend (shared by every replica)."""
+    def store(self) -> AsyncStore:
+        """The store, opened by its first call (a proxy that never gets such work writes
+        no file): SQLite, or Redis with the redis state backend (shared by every replica)."""
         if self._store is None:
             self._store = open_store(self.config)
             self._janitor = asyncio.ensure_future(self._forget_old())
@@ -101,15 +99,15 @@ class Work:
         """Listening at ``base_url``: run the work (this process, or whichever worker of
         ``serve --workers`` holds the lease), resuming what a previous process left."""
         self.base_url = base_url.rstrip("/")
-        self._lead()
+        await self._lead()
         self._leader = asyncio.ensure_future(self._lead_forever())
 
     async def _lead_forever(self) -> None:
         while True:
             await asyncio.sleep(LEAD_EVERY_S)
-            self._lead()
+            await self._lead()
 
-    def _lead(self) -> None:
+    async def _lead(self) -> None:
         """Take or keep the lease on running the work, and run what is there to run: work
         another worker took in, or a dead holder left. The safety sweep of ``--workers``
         (a process is not told when another one stores work)."""
@@ -117,12 +115,13 @@ class Work:
             return
         store = self.store()
         try:
-            self.leading = store.hold_runner(self._me, self.clock.wall(), LEASE_S)
+            self.leading = await store.hold_runner(self._me, self.clock.wall(), LEASE_S)
+            await self.size_bytes()
             if not self.leading:
                 return
-            for batch_id in store.batches_with_status(("in_progress", "cancelling")):
+            for batch_id in await store.batches_with_status(("in_progress", "cancelling")):
                 self.run_batch(batch_id)
-            for response_id in store.responses_with_status(("queued", "in_progress")):
+            for response_id in await store.responses_with_status(("queued", "in_progress")):
                 self.run_response(response_id)
         except self.errors as exc:  # tried again in a second
             log.warning("work that can wait: the store is unavailable (%s)", exc)
@@ -138,55 +137,54 @@ class Work:
         if self._session is not None:
             await self._session.close()
         if self._store is not None:
-            self._store.close()
+            await self._store.close()
 
-    def check_room(self, incoming: int) -> None:
+    async def check_room(self, incoming: int) -> None:
         limit = self.config.storage.max_bytes
-        if self.store().size_bytes() + incoming > limit:
+        if await self.size_bytes() + incoming > limit:
             raise StorageFull(f"The proxy's storage is full ({limit} bytes); delete files or "
                               "wait for finished work to expire.")
 
-    def size_bytes(self) -> int:
-        if self._store is None:
-            return 0
-        try:
-            return self._store.size_bytes()
-        except self.errors:
-            return 0
+    async def size_bytes(self) -> int:
+        """The store's size now (kept for ``proxy_storage_bytes``, which reads no store)."""
+        self.stored_bytes = await self.store().size_bytes()
+        return self.stored_bytes
 
-    def running(self) -> list[dict[str, object]]:
+    async def running(self) -> list[dict[str, object]]:
         """The batches in progress (or being cancelled), oldest first, with their counts."""
         try:
-            return self._running()
+            return await self._running()
         except self.errors:
             return []
 
-    def _running(self) -> list[dict[str, object]]:
-        if self._store is None:
+    async def _running(self) -> list[dict[str, object]]:
+        store = self._store
+        if store is None:
             return []
         shown = []
-        for batch_id in self._store.batches_with_status(("in_progress", "cancelling")):
-            found = self._store.batch(batch_id)
+        for batch_id in await store.batches_with_status(("in_progress", "cancelling")):
+            found = await store.batch(batch_id)
             if found is None:
                 continue
             doc = orjson.loads(found[1])
             counts = request_counts(doc["request_counts"]["total"],
-                                    self._store.counts(batch_id))
+                                    await store.counts(batch_id))
             shown.append({"id": batch_id, "owner": found[2], "status": found[0],
                           "endpoint": doc["endpoint"], "created_at": doc["created_at"],
                           "expires_at": doc["expires_at"], **counts})
         return shown
 
-    def status(self) -> dict[str, object]:
+    async def status(self) -> dict[str, object]:
         """For ``/admin/status``: the store's size and what it holds, what runs now."""
         storage = self.config.storage
         shown: dict[str, object] = {
             "path": storage.path if self._store is None else self._store.path,
-            "bytes": self.size_bytes(), "max_bytes": storage.max_bytes,
+            "bytes": self.stored_bytes, "max_bytes": storage.max_bytes,
             "running": sorted(self._tasks), "tier": self._tier()}
         if self._store is not None:
             try:
-                shown.update(self._store.summary())
+                shown["bytes"] = await self.size_bytes()
+                shown.update(await self._store.summary())
             except self.errors as exc:
                 shown["error"] = f"{type(exc).__name__}: {exc}"[:200]
         return shown
@@ -195,7 +193,7 @@ class Work:
         while True:
             cutoff = self.clock.wall() - self.config.batch.retention_days * 86400
             try:
-                gone = self.store().forget_before(int(cutoff))
+                gone = await self.store().forget_before(int(cutoff))
             except self.errors as exc:
                 log.warning("work that can wait: retention skipped (%s)", exc)
                 gone = 0
@@ -250,13 +248,16 @@ class Work:
     def run_batch(self, batch_id: str) -> None:
         """Run it here if this process runs the work (else the runner finds it)."""
         if self.leading and batch_id not in self._tasks:
-            # Nothing here runs it, and nothing else may: what it left running (a runner
-            # that died, or this one's run that the store failed) runs again.
-            again = self.store().recover(batch_id)
-            if again:
-                log.warning("batch %s: %d lines were left running; they run again",
-                            batch_id, again)
-            self._start(batch_id, self._run_batch)
+            self._start(batch_id, self._recover_and_run)
+
+    async def _recover_and_run(self, batch_id: str) -> None:
+        # Nothing here runs it, and nothing else may: what it left running (a runner that
+        # died, or this one's run that the store failed) runs again.
+        again = await self.store().recover(batch_id)
+        if again:
+            log.warning("batch %s: %d lines were left running; they run again", batch_id,
+                        again)
+        await self._run_batch(batch_id)
 
     def _start(self, work_id: str, run: Callable[[str], Awaitable[None]]) -> None:
         """Run ``run(work_id)`` as the one task for that batch or response."""
@@ -271,7 +272,7 @@ class Work:
 
     async def _run_batch(self, batch_id: str) -> None:
         store = self.store()
-        found = store.batch(batch_id)
+        found = await store.batch(batch_id)
         if found is None:
             return
         _, text, owner = found
@@ -283,7 +284,7 @@ class Work:
             while True:
                 if not self.leading:  # another runner has it now (this one stalled)
                     return
-                status = store.batch(batch_id)
+                status = await store.batch(batch_id)
                 if status is None or status[0] == "cancelling":  # cancelled, on any worker
                     outcome = "cancelled"
                     break
@@ -291,7 +292,8 @@ class Work:
                     outcome = "expired"
                     break
                 room = self.config.batch.max_in_flight - len(running)
-                for index, custom_id, body in store.take_lines(batch_id, room) if room else ():
+                taken = await store.take_lines(batch_id, room) if room else []
+                for index, custom_id, body in taken:
                     running.add(asyncio.ensure_future(self._line(
                         batch_id, owner, doc["endpoint"], index, custom_id, body, expires_at)))
                 if not running:
@@ -308,15 +310,16 @@ class Work:
                 task.cancel()
             if running:
                 await asyncio.wait(running)
-        await asyncio.to_thread(store.finalize, batch_id, outcome, int(self.clock.wall()),
-                                lambda: new_id("file-"), _ended)
+        await store.finalize(batch_id, outcome, int(self.clock.wall()), lambda: new_id("file-"),
+                             _ended)
 
     async def _line(self, batch_id: str, owner: str, endpoint: str, index: int,
                     custom_id: str, body: bytes, until: float) -> None:
         line_id = new_id("batch_req_")
         answer = await self._answer(owner, endpoint, body, line_id, until)
         if answer is None:  # turned away until the window's end
-            self.store().finish_line(batch_id, index, "expired", _ended(custom_id, "expired"))
+            await self.store().finish_line(batch_id, index, "expired",
+                                           _ended(custom_id, "expired"))
             return
         status, data = answer
         try:
@@ -325,7 +328,7 @@ class Work:
             parsed = data.decode("utf-8", "replace")
         result = output_line(line_id, custom_id, status, line_id, parsed)
         outcome = "done" if status < 300 else "failed"
-        if self.store().finish_line(batch_id, index, outcome, result):
+        if await self.store().finish_line(batch_id, index, outcome, result):
             self.metrics.batch_lines.get(outcome).inc()
 
     # --- background responses -----------------------------------------------------------
@@ -341,7 +344,7 @@ class Work:
 
     async def _run_response(self, response_id: str) -> None:
         store = self.store()
-        found = store.response_request(response_id)
+        found = await store.response_request(response_id)
         if found is None:
             return
         owner, created, request = found
@@ -351,13 +354,13 @@ class Work:
             return orjson.dumps(response_doc(response_id, created, status, model, **extra))
 
         live = ("queued", "in_progress")
-        if not store.set_response(response_id, "in_progress", doc("in_progress"),
-                                  only_if=live):
+        if not await store.set_response(response_id, "in_progress", doc("in_progress"),
+                                        only_if=live):
             return
         answer = await self._answer(owner, background_path(response_id), request, response_id,
                                     created + RESPONSE_WINDOW_S)
         if answer is None:
-            store.set_response(response_id, "failed", doc("failed", error={
+            await store.set_response(response_id, "failed", doc("failed", error={
                 "code": "expired", "message": "No provider answered within 24 hours."}),
                 only_if=live)
             return
@@ -366,13 +369,13 @@ class Work:
         with contextlib.suppress(orjson.JSONDecodeError):
             parsed = orjson.loads(data)
         if status < 300 and isinstance(parsed, dict):
-            store.set_response(response_id, "completed", doc(
+            await store.set_response(response_id, "completed", doc(
                 str(parsed.get("status") or "completed"), answer=parsed), only_if=live)
             return
         error = parsed.get("error") if isinstance(parsed, dict) else None
         if not isinstance(error, dict):
             error = {"code": "upstream_error", "message": f"status {status}"}
-        store.set_response(response_id, "failed", doc("failed", error={
+        await store.set_response(response_id, "failed", doc("failed", error={
             "code": str(error.get("code") or "upstream_error"),
             "message": str(error.get("message") or "")}), only_if=live)
 

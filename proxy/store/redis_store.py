@@ -2,8 +2,8 @@
 batch and background response, and whichever replica holds the runner's lease runs them
 (a dead one's lines are run again by the next). The same operations as the SQLite store,
 each one command, a pipeline or a Lua script (a line is answered once: its result is
-written only while it is running). A synchronous client: like SQLite's statements, each
-call is one loopback round trip on the event loop; large ones run in worker threads.
+written only while it is running). A synchronous client, never called on the event loop:
+every call runs in a worker thread of ``proxy.store.offloop.AsyncStore``.
 
 Keys under ``{prefix}:work:`` — ``file:{id}`` (hash) and ``fdata:{id}``; ``files:{owner}``
 and ``files`` (by time); ``batch:{id}`` (hash: owner, created_at, status, doc),
@@ -37,9 +37,9 @@ class RedisStore:
     def __init__(self, settings: StateSettings) -> None:
         self.path = settings.shown_url
         self._p = settings.prefix + ":work:"
-        # Small commands on the event loop: a Redis that hangs costs the loop at most a few
-        # seconds. Large ones (files, a batch's lines, a finalization) run in worker threads
-        # on a client that waits longer.
+        # A Redis that hangs holds a thread running a small command for at most a few
+        # seconds. Large ones (files, a batch's lines, a finalization) run on a client that
+        # waits longer.
         self._r = redis.Redis.from_url(settings.url, socket_timeout=LOOP_TIMEOUT_S,
                                        socket_connect_timeout=LOOP_TIMEOUT_S)
         self._bulk = redis.Redis.from_url(settings.url, socket_timeout=BULK_TIMEOUT_S,

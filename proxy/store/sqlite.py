@@ -6,9 +6,10 @@ written only while it is running, so it is answered exactly once. One process at
 runs the work (``hold_runner``: a lease in the file, so ``serve --workers`` share one
 store); when the lease changes hands, or the process that held it died, ``recover`` sends
 the lines it left running back to pending (they run again).
-Small statements run on the event loop (sub-millisecond in WAL mode). What may be large —
-a new batch's insert, a file's content, a batch's finalization — runs in a worker thread on
-a connection of its own (``threaded``), in one transaction each.
+Nothing here runs on the event loop (``proxy.store.offloop.AsyncStore`` calls it from
+worker threads): the small statements (sub-millisecond in WAL mode) from one thread, on the
+store's connection; what may be large — a new batch's insert, a file's content, a batch's
+finalization — on a connection of its own (``threaded``), in one transaction each.
 """
 
 from __future__ import annotations
