@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     port = config.listen.port if args.port is None else args.port
     if args.workers != 1:
         return _workers(args, config, host, port)
-    from .http.server import run
+    from .http.server.server import run
 
     if args.access_log:
         config = dataclasses.replace(
@@ -154,7 +154,7 @@ def _workers(args: argparse.Namespace, config: Config, host: str, port: int) -> 
               "processes share provider slots, limits and one priority order through it "
               "(the memory backend is one process)", file=sys.stderr)
         return 2
-    from .http.workers import supervise
+    from .http.server.workers import supervise
 
     child = ["--config", args.config, "--log-level", args.log_level]
     if args.access_log:

@@ -23,8 +23,8 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import parse_config
-from proxy.http.app import build_app
-from proxy.http.state import SERVICE
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 REPLY = {"id": "x", "object": "chat.completion", "created": 0, "model": "x",

@@ -10,9 +10,9 @@ from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
 from proxy.config import Config, parse_config
 from proxy.core.tokens import TokenCounter
-from proxy.http import forward
-from proxy.http.front import FrontRunner
-from proxy.http.state import LIFECYCLE
+from proxy.http.base.keys import LIFECYCLE
+from proxy.http.call import forward
+from proxy.http.server.front import FrontRunner
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_writer import StreamWriter
 from aiohttp.test_utils import make_mocked_request
 
-from proxy.http.sim_answers import ANSWERS
+from proxy.http.upstream.sim_answers import ANSWERS
 
 
 class Sink(asyncio.Transport):

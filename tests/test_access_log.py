@@ -16,8 +16,8 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.state import SERVICE
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

@@ -15,10 +15,10 @@ from aiohttp.test_utils import TestClient, make_mocked_request
 from proxy.config import ConfigError, parse_config
 from proxy.core.errors import AdminLoopbackOnly, InvalidAdminKey
 from proxy.core.tokens import TokenCounter
-from proxy.http.admin import check_admin
-from proxy.http.app import build_app
-from proxy.http.edge import is_loopback
-from proxy.http.state import SERVICE
+from proxy.http.base.edge import is_loopback
+from proxy.http.call.service import SERVICE
+from proxy.http.ops.admin import check_admin
+from proxy.http.server.app import build_app
 
 Factory = Callable[..., Awaitable[Any]]
 BASE: dict[str, Any] = {

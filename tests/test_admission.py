@@ -20,7 +20,7 @@ from proxy.core.scheduler import (
     TicketState,
     TierSpec,
 )
-from proxy.http.admission import Admission
+from proxy.http.call.admission import Admission
 
 T = TypeVar("T")
 FOUR = (TierSpec("critical", 8), TierSpec("high", 4), TierSpec("normal", 2), TierSpec("low", 1))

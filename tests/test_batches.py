@@ -25,8 +25,9 @@ from proxy.config.state import StateSettings
 from proxy.core.batchfile import read_lines
 from proxy.core.clock import Clock
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.state import SERVICE, WORK
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
+from proxy.http.work.runner import WORK
 from proxy.store.redis_store import RedisStore
 
 from .conftest import config_from

@@ -21,8 +21,8 @@ from proxy.config import ConfigError
 from proxy.core.budgets import Budget, Budgets, period_of
 from proxy.core.clock import SystemClock
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.state import SERVICE
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

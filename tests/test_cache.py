@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config import ConfigError
 from proxy.core.request import BodyLimits, parse_call
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.cache import assemble, cache_key, deterministic, replay
-from proxy.http.relay import event_data
-from proxy.http.state import SERVICE
+from proxy.http.call.cache import assemble, cache_key, deterministic, replay
+from proxy.http.call.relay import event_data
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream, completion

@@ -19,10 +19,11 @@ from aiohttp.test_utils import TestClient
 
 from proxy.core.quantile import percentile
 from proxy.core.tokens import TokenCounter
-from proxy.http.access import CallRecord
-from proxy.http.app import build_app
-from proxy.http.live import REJECTIONS, SAMPLES, LiveStats
-from proxy.http.state import LIFECYCLE, SERVICE
+from proxy.http.base.access import CallRecord
+from proxy.http.base.keys import LIFECYCLE
+from proxy.http.base.live import REJECTIONS, SAMPLES, LiveStats
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .browser import CHROMIUM, Browser
 from .conftest import config_from

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream, sse_events

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.http.events import EventStream, event_stream
-from proxy.http.front import FastRequest, FrontProtocol
-from proxy.http.head import Head
-from proxy.http.lane_events import LaneEvents
+from proxy.http.call.events import EventStream, event_stream
+from proxy.http.server.front import FastRequest, FrontProtocol
+from proxy.http.server.head import Head
+from proxy.http.server.lane_events import LaneEvents
 
 from .fakes import Sink, aiohttp_request
 

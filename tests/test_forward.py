@@ -14,8 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.config import Config
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.state import LIFECYCLE, SERVICE
+from proxy.http.base.keys import LIFECYCLE
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream, completion, sse_events

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.http.drain import Lifecycle
-from proxy.http.janitor import Janitor, _malloc_trim
+from proxy.http.base.drain import Lifecycle
+from proxy.http.server.janitor import Janitor, _malloc_trim
 
 
 async def test_it_sweeps_only_when_idle_after_enough_calls() -> None:

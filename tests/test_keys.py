@@ -12,7 +12,7 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from proxy.core.classify import upstream_service_tier
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

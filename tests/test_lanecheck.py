@@ -9,11 +9,12 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from proxy.http import forward
-from proxy.http.app import build_app
-from proxy.http.front import FrontServer
-from proxy.http.lanecheck import LaneStatus, lane_off_because, what_aiohttp_lacks
-from proxy.http.middleware import errors_middleware
+from proxy.http.base.keys import LaneStatus
+from proxy.http.call import forward
+from proxy.http.call.middleware import errors_middleware
+from proxy.http.server.app import build_app
+from proxy.http.server.front import FrontServer
+from proxy.http.server.lanecheck import lane_off_because, what_aiohttp_lacks
 
 
 def proxy_app() -> web.Application:

@@ -8,6 +8,8 @@
 - The drivers (``proxy.http``, and ``proxy.sim`` on a virtual clock, itself free of I/O
   libraries) import ``core`` and ``config`` (``http`` also ``state`` and ``store``), never
   each other.
+- Inside ``proxy.http`` the rooms stack (``ROOMS``, top first): each imports only itself
+  and the rooms below it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ ALLOWED = {
     "http": {"core", "config", "state", "store", "http"},
     "sim": {"core", "config", "sim"},
 }
+
+
+# proxy.http's rooms, the composition root first: a room imports only the rooms after it.
+ROOMS = ("server", "ops", "work", "call", "upstream", "base")
 
 
 def proxy_imports(path: Path) -> list[tuple[int, str]]:
@@ -68,6 +74,24 @@ def test_folders_import_only_what_they_may(folder: str) -> None:
             if folder in ("core", "sim") and top in IO_LIBRARIES:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert wrong == []
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_the_drivers_rooms_import_only_downwards(room: str) -> None:
+    below = set(ROOMS[ROOMS.index(room):])
+    wrong = []
+    for path in sorted((PACKAGE / "http" / room).rglob("*.py")):
+        for line, module in proxy_imports(path):
+            parts = module.split(".")
+            if parts[:2] == ["proxy", "http"] and len(parts) > 2 and parts[2] not in below:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert wrong == []
+
+
+def test_every_module_of_the_driver_is_in_a_room() -> None:
+    loose = [p.name for p in (PACKAGE / "http").glob("*.py") if p.name != "__init__.py"]
+    rooms = {p.name for p in (PACKAGE / "http").iterdir() if p.is_dir()} - {"__pycache__"}
+    assert loose == [] and rooms == set(ROOMS)
 
 
 def test_the_static_check_resolves_relative_imports(tmp_path: Path) -> None:

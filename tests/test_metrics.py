@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from proxy.http.metrics import ChildCounter, ChildHistogram
+from proxy.http.base.metrics import ChildCounter, ChildHistogram
 
 BUCKETS = (0.005, 0.1, 1, 2.5, 60)
 amounts = st.one_of(st.floats(allow_nan=True, allow_infinity=True),

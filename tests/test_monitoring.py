@@ -1,5 +1,5 @@
 """The shipped Grafana dashboard and Prometheus rules use only metrics and labels that
-``proxy.http.metrics.Metrics`` exposes, and are well formed (unique panel ids, alerts with a
+``proxy.http.base.metrics.Metrics`` exposes, and are well formed (unique panel ids, alerts with a
 ``for``, a severity and a summary)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.http.metrics import Family, Metrics
+from proxy.http.base.metrics import Family, Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "triage-proxy.json"

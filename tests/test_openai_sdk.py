@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestClient
 
 from proxy.config import Provider, load_config
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app, default_upstream
-from proxy.http.state import SERVICE
-from proxy.http.upstream import Upstream
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app, default_upstream
+from proxy.http.upstream.upstream import Upstream
 
 from .fakes import FakeUpstream
 from .serving import serving

@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 from proxy.core.clock import FakeClock
 from proxy.core.provider import SimSettings
 from proxy.core.tokens import TokenCounter
-from proxy.http.service import Service
-from proxy.http.simulated import SimulatedUpstream
+from proxy.http.call.service import Service
+from proxy.http.upstream.simulated import SimulatedUpstream
 
 from .conftest import config_from
 

@@ -202,7 +202,7 @@ async def test_observe_then_replay(aiohttp_client: Any, counter: Any, tmp_path: 
     """The proxy's own JSON access log is a trace, and fits the latency model."""
     from aiohttp.test_utils import TestClient
 
-    from proxy.http.app import build_app
+    from proxy.http.server.app import build_app
     from proxy.sim.fit import fit
 
     config = parse_config({**CONFIG, "providers": [

@@ -8,8 +8,8 @@ import tracemalloc
 import orjson
 
 from proxy.core.provider import SimSettings, Timeouts
-from proxy.http.simulated import SimulatedUpstream
-from proxy.http.upstream import UpstreamRequest
+from proxy.http.upstream.simulated import SimulatedUpstream
+from proxy.http.upstream.upstream import UpstreamRequest
 
 FAST = SimSettings(ttft_s=0.0, tokens_per_s=1e9, max_output_tokens=3000)
 

@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.core.tokens import TokenCounter
-from proxy.http.app import build_app
-from proxy.http.state import SERVICE
+from proxy.http.call.service import SERVICE
+from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream

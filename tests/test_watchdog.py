@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from proxy.http.watchdog import ClientGone, Watchdog
+from proxy.http.call.watchdog import ClientGone, Watchdog
 
 
 async def waits_until_ended(cleaned: list[bool]) -> None:

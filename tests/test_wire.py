@@ -1,4 +1,4 @@
-"""The lean provider client (``proxy.http.wire`` behind ``HttpUpstream``) against raw
+"""The lean provider client (``proxy.http.upstream.wire`` behind ``HttpUpstream``) against raw
 servers on 127.0.0.1 that write exactly the bytes each case needs: framing, reuse, broken
 and hostile answers, deadlines, back-pressure, cancellation, TLS."""
 
@@ -18,9 +18,9 @@ import trustme
 
 from proxy.core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
 from proxy.core.provider import Timeouts
-from proxy.http import upstream as upstream_module
-from proxy.http.upstream import HttpUpstream, UpstreamRequest
-from proxy.http.wire import HIGH_WATER
+from proxy.http.upstream import upstream as upstream_module
+from proxy.http.upstream.upstream import HttpUpstream, UpstreamRequest
+from proxy.http.upstream.wire import HIGH_WATER
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 QUICK = Timeouts(connect_s=1.0, first_byte_s=1.0, idle_s=0.3, response_s=1.0)

@@ -1,6 +1,6 @@
 """The life of one call, from admission to answer, as a pure policy: events in, commands out.
 
-A driver (``proxy.http.forward`` over sockets, or a simulator on a virtual clock) asks
+A driver (``proxy.http.call.forward`` over sockets, or a simulator on a virtual clock) asks
 ``start`` for the first command, carries each command out, and reports what happened::
 
     start ─▶ Queue(ticket) ─granted─▶ Send(deployment) ─finished─▶ Done

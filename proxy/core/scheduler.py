@@ -2,7 +2,7 @@
 
 Pure: it is told the time (``now``, monotonic seconds), never sleeps and never does I/O.
 Every method that changes something records its decisions (slots granted, calls refused)
-for ``take``; the async shell (``proxy.http.admission``) or the simulator acts on them.
+for ``take``; the async shell (``proxy.http.call.admission``) or the simulator acts on them.
 It alone decides whether a provider can take a call now (``proxy.core.capacity``): slots,
 pauses after a 429 or a spent rate limit, half-open probe limits, open breakers and the
 adaptive concurrency limit are all capacity it sees, so a call waits for them in its

@@ -1,0 +1,97 @@
+"""The HTTP edge in one place: what comes in from a client (its body, its request id, its
+secrets in headers) and which upstream response headers go out to it.
+
+Body checks live in ``proxy.core.request``; here a large body is parsed and counted in a
+worker thread so the event loop keeps relaying other calls' streams meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+from yarl import URL
+
+from ...core.request import BodyLimits, Call, Kind, parse_call
+from ...core.tokens import TokenCounter
+
+# Bodies past this are parsed off the event loop: a few hundred microseconds of thread
+# hand-off against up to tens of milliseconds of walking a large body.
+OFFLOAD_BYTES = 256 * 1024
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+# Upstream response headers a client may see. Everything else stays inside: provider
+# account headers (openai-organization, openai-project, x-ratelimit-*), cookies,
+# hop-by-hop headers, server banners.
+_ANSWER_HEADERS = ("content-type", "openai-processing-ms")
+_ERROR_HEADERS = (*_ANSWER_HEADERS, "retry-after", "retry-after-ms")
+
+_T = TypeVar("_T")
+
+
+class Incoming(Protocol):
+    """What a proxied call's handler uses of its request: aiohttp's ``web.Request``, or
+    the fast lane's (``proxy.http.server.front``)."""
+
+    @property
+    def app(self) -> web.Application: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def rel_url(self) -> URL: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+    async def read(self) -> bytes: ...
+    def __getitem__(self, key: web.RequestKey[_T]) -> _T: ...
+    def __setitem__(self, key: web.RequestKey[_T], value: _T) -> None: ...
+    def get(self, key: web.RequestKey[bool], /) -> Any: ...
+
+
+async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,
+                    counter: TokenCounter) -> Call:
+    raw = await request.read()
+    if len(raw) <= OFFLOAD_BYTES:
+        return parse_call(raw, kind, limits, counter)
+    return await asyncio.to_thread(parse_call, raw, kind, limits, counter)
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's ``x-request-id`` if it is a plain token of at most 128 characters."""
+    given = headers.get("x-request-id")
+    return given if given is not None and _REQUEST_ID.fullmatch(given) else None
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def secret_digest(value: str) -> str:
+    """SHA-256 of a secret as the client sent its bytes. aiohttp decodes header bytes that
+    are not UTF-8 as surrogates; they hash like any other byte instead of raising."""
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def upstream_headers(upstream: Mapping[str, str], *, error: bool = False) -> dict[str, str]:
+    """The allowlisted upstream response headers, plus its request id renamed
+    ``x-upstream-request-id`` (the client's own ``x-request-id`` is the proxy's)."""
+    allowed = _ERROR_HEADERS if error else _ANSWER_HEADERS
+    headers = {name: upstream[name] for name in allowed if name in upstream}
+    upstream_id = upstream.get("x-request-id")
+    if upstream_id is not None:
+        headers["x-upstream-request-id"] = upstream_id
+    return headers

@@ -1,0 +1,28 @@
+"""After a call: the tokens, cost and estimation error it adds to the metrics."""
+
+from __future__ import annotations
+
+from ...core.engine import Usage
+from ...core.estimate import relative_error
+from ...core.plan import Plan
+from ...core.route import Deployment
+from .service import Service
+
+
+def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Usage,
+                 predicted_s: float, took_s: float) -> float:
+    """``predicted_s``: the service time the scheduler was told; ``took_s``: the truth.
+    Returns the call's cost in dollars."""
+    metrics = service.metrics
+    metrics.tokens.get(deployment.provider, "prompt").inc(usage.prompt_tokens)
+    metrics.tokens.get(deployment.provider, "completion").inc(usage.completion_tokens)
+    cost = deployment.cost(usage.prompt_tokens, usage.completion_tokens)
+    metrics.cost.get(plan.caller, plan.tier_name).inc(cost)
+    metrics.key_served.get(plan.caller, plan.tier_name).inc(took_s)
+    service.budgets.charge(plan.caller, cost, service.clock.wall())
+    if plan.output_tokens and usage.reported:
+        metrics.estimate_error.get("output_tokens").observe(
+            abs(relative_error(plan.output_tokens, usage.completion_tokens)))
+    metrics.estimate_error.get("service_seconds").observe(
+        abs(relative_error(predicted_s, took_s, floor=0.01)))
+    return cost

@@ -1,0 +1,201 @@
+"""The response cache, opt-in per model (``models.<name>.cache: {ttl_s, max_entries}``).
+
+Only deterministic calls are cached: chat and legacy completions with ``temperature: 0`` or
+a ``seed``. The key is the SHA-256 of the canonical request: the caller's key name (one key
+never sees another's answers), the public model, and the body with its keys sorted, whole
+numbers written alike (``0`` and ``0.0``) and the fields that do not change the answer left
+out (``stream``, ``stream_options``, ``user``, ``metadata``, ``store``, ``service_tier``).
+Identical calls arriving while one of them is on its way upstream wait for its answer
+(until their own deadline) instead of going upstream too. An entry is the JSON answer as
+the upstream gave it (a streamed answer is assembled into
+one when it carries only text), at most ``MAX_ENTRY_BYTES``; a hit is served as JSON, or
+replayed as a valid SSE stream when the call asks to stream. Entries live in a
+``cachetools.TTLCache`` per model, on the service clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from cachetools import TTLCache
+
+from ...core.clock import Clock
+from ...core.request import Call
+from ...core.route import CacheSettings, ModelRoute
+from ...core.value import value
+
+CACHED_KINDS = frozenset({"chat", "completions"})
+IGNORED_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
+                            "service_tier"})
+MAX_ENTRY_BYTES = 1 << 20
+
+
+@value
+class Entry:
+    answer: bytes  # the JSON answer
+    deployment: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+def deterministic(body: Mapping[str, Any]) -> bool:
+    temperature = body.get("temperature")
+    zero = (isinstance(temperature, int | float) and not isinstance(temperature, bool)
+            and temperature == 0)
+    return zero or body.get("seed") is not None
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def cache_key(caller: str, call: Call) -> bytes:
+    body = {k: v for k, v in call.body.items() if k not in IGNORED_FIELDS and k != "model"}
+    canonical = orjson.dumps([call.kind, caller, call.model, _canonical(body)],
+                             option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).digest()
+
+
+class ResponseCache:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._caches: dict[str, tuple[CacheSettings, TTLCache[bytes, Entry]]] = {}
+        # Misses on their way upstream, by key: identical calls wait for the answer instead
+        # of going upstream too (one entry per call in flight, so bounded by them).
+        self._flights: dict[bytes, asyncio.Event] = {}
+
+    def flight(self, key: bytes) -> asyncio.Event | None:
+        """Set when the identical call now fetching ``key`` is done (None: there is none)."""
+        return self._flights.get(key)
+
+    def take_off(self, key: bytes) -> asyncio.Event:
+        """This call fetches ``key``; ``land`` it however it ends."""
+        event = self._flights[key] = asyncio.Event()
+        return event
+
+    def land(self, key: bytes, event: asyncio.Event) -> None:
+        if self._flights.get(key) is event:
+            del self._flights[key]
+        event.set()
+
+    def configure(self, models: Mapping[str, ModelRoute]) -> None:
+        """The models' cache settings as configured now: a cache whose settings did not
+        change keeps its entries."""
+        caches = {}
+        for name, route in models.items():
+            if route.cache is None:
+                continue
+            found = self._caches.get(name)
+            caches[name] = found if found is not None and found[0] == route.cache else (
+                route.cache, TTLCache(route.cache.max_entries, route.cache.ttl_s,
+                                      timer=self._clock.now))
+        self._caches = caches
+
+    def applies(self, call: Call) -> bool:
+        return (call.model in self._caches and call.kind in CACHED_KINDS
+                and deterministic(call.body))
+
+    def get(self, model: str, key: bytes) -> Entry | None:
+        return self._caches[model][1].get(key)
+
+    def put(self, model: str, key: bytes, entry: Entry) -> None:
+        found = self._caches.get(model)
+        if found is not None and len(entry.answer) <= MAX_ENTRY_BYTES:
+            found[1][key] = entry
+
+    def size(self, model: str) -> int:
+        found = self._caches.get(model)
+        if found is None:
+            return 0
+        found[1].expire()
+        return len(found[1])
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def replay(kind: str, answer: bytes, include_usage: bool) -> bytes:
+    """A cached JSON answer as the SSE stream the upstream would have sent."""
+    whole = orjson.loads(answer)
+    head = {k: whole[k] for k in ("id", "created", "model", "system_fingerprint")
+            if k in whole}
+    events = []
+    if kind == "chat":
+        head["object"] = "chat.completion.chunk"
+        for choice in whole.get("choices", []):
+            message = dict(choice.get("message") or {})
+            if isinstance(message.get("tool_calls"), list):
+                message["tool_calls"] = [{"index": i, **call}
+                                         for i, call in enumerate(message["tool_calls"])]
+            index = choice.get("index", 0)
+            events.append(_event({**head, "choices": [
+                {"index": index, "delta": message, "logprobs": choice.get("logprobs"),
+                 "finish_reason": None}]}))
+            events.append(_event({**head, "choices": [
+                {"index": index, "delta": {}, "logprobs": None,
+                 "finish_reason": choice.get("finish_reason")}]}))
+    else:
+        head["object"] = "text_completion"
+        for choice in whole.get("choices", []):
+            events.append(_event({**head, "choices": [choice]}))
+    if include_usage and isinstance(whole.get("usage"), dict):
+        events.append(_event({**head, "choices": [], "usage": whole["usage"]}))
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+def assemble(kind: str, payloads: list[bytes]) -> bytes | None:
+    """A streamed answer's events as the one JSON answer a non-streamed call gets; None if
+    they carry more than text (tool calls, logprobs, refusals) or do not parse."""
+    head: dict[str, Any] = {}
+    texts: dict[int, list[str]] = {}
+    finish: dict[int, Any] = {}
+    usage = None
+    try:
+        for data in payloads:
+            chunk = orjson.loads(data)
+            for field in ("id", "created", "model", "system_fingerprint"):
+                if field in chunk and field not in head:
+                    head[field] = chunk[field]
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                index = choice["index"]
+                if choice.get("logprobs") is not None:
+                    return None
+                if kind == "chat":
+                    delta = choice.get("delta") or {}
+                    if set(delta) - {"role", "content"}:
+                        return None
+                    piece = delta.get("content")
+                else:
+                    piece = choice.get("text")
+                texts.setdefault(index, []).append(piece or "")
+                if choice.get("finish_reason") is not None:
+                    finish[index] = choice["finish_reason"]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+    if not texts:
+        return None
+    choices = []
+    for index in sorted(texts):
+        text = "".join(texts[index])
+        body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}}
+                                if kind == "chat" else {"text": text})
+        choices.append({"index": index, **body, "logprobs": None,
+                        "finish_reason": finish.get(index)})
+    whole = {**head, "object": "chat.completion" if kind == "chat" else "text_completion",
+             "choices": choices}
+    if usage is not None:
+        whole["usage"] = usage
+    return orjson.dumps(whole)

@@ -1,0 +1,396 @@
+"""The proxied call over HTTP: a thin driver of the pure attempt policy.
+
+The handler parses and plans the call, then carries out what ``proxy.core.attempts``
+commands: wait in the scheduler, send to a deployment, back off, answer. Every decision
+(what to try next after a 429, a 5xx or a 401, when a deadline passes) is the policy's;
+this module only does the I/O and reports what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from ...core.attempts import (
+    Attempts,
+    Command,
+    Done,
+    Fail,
+    PassThrough,
+    Queue,
+    Result,
+    Send,
+    Wait,
+)
+from ...core.classify import RequestFacts, upstream_service_tier
+from ...core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
+from ...core.fleet import ABANDONED, AUTH, FAILURE, SUCCESS, THROTTLED
+from ...core.plan import Plan
+from ...core.request import Call, Kind
+from ...core.retry import parse_retry_after
+from ...core.route import Deployment
+from ...core.scheduler import Rejection
+from ...state.base import Lease
+from ..base.drain import uncancel
+from ..base.edge import Incoming, read_call, upstream_headers
+from ..base.keys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
+from ..upstream.upstream import UpstreamRequest, UpstreamResponse
+from .accounting import record_usage
+from .auth import ON_BEHALF
+from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
+from .relay import answer_headers, relay, usage_counts
+from .replicas import ended, grant, make_room, settle_key, take_key
+from .service import SERVICE, Service
+
+FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One call's HTTP side: what the client will get, once there is something."""
+
+    request: Incoming
+    plan: Plan
+    attempts: Attempts
+    answer: web.StreamResponse | None = None
+    failure: web.Response | None = None  # the last upstream failure, kept to pass through
+    cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
+    lease: Lease | None = None  # the provider slot held across replicas (redis backend)
+
+
+async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    arrived = service.clock.now()
+    record = request[RECORD]
+    principal = service.auth.authenticate(request.headers)
+    record.key = principal.name
+    call = await read_call(request, kind, service.config.limits.body, service.counter)
+    record.model = call.model
+    if call.background:  # stored and answered at once; the proxy's own calls never are
+        if ON_BEHALF in request.headers:
+            raise InvalidRequest("background: not allowed on a call the proxy makes itself.",
+                                 param="background")
+        return await request.app[BACKGROUND](request, principal.name, call)
+    facts = RequestFacts(
+        headers=request.headers,
+        model=call.model,
+        prompt_tokens=call.prompt_tokens,
+        last_user_message=call.last_user_message,
+        stream=call.stream,
+        service_tier=call.service_tier,
+    )
+    plan = service.engine.plan(call, facts, principal, arrived)
+    record.tier = plan.tier_name
+    exchange = Exchange(request, plan, Attempts(service.engine, plan))
+    flight: asyncio.Event | None = None
+    if service.cache.applies(call):
+        key = exchange.cache_key = cache_key(principal.name, call)
+        record.cache = "miss"
+        hit = _cached(service, exchange, plan.tier_name) or await _follow(service, exchange)
+        if hit is not None:
+            return hit
+        service.metrics.cache_lookups.get(call.model, "miss").inc()
+        if service.cache.flight(key) is None:
+            flight = service.cache.take_off(key)
+    lifecycle = request.app[LIFECYCLE]
+    key_taken = False
+    try:
+        _within_budget(service, principal.name)
+        key_taken = service.shared.shared and await take_key(service, principal, plan)
+        with lifecycle.call():
+            return await _drive(service, exchange, path)
+    except asyncio.CancelledError:
+        if lifecycle.expired and not request.get(COMMITTED) and uncancel():
+            raise ShuttingDown() from None  # ended by the drain, not by the client: a 503
+        raise
+    finally:
+        if flight is not None and exchange.cache_key is not None:
+            service.cache.land(exchange.cache_key, flight)
+        record.queue_s = exchange.attempts.queue_s
+        in_flight = exchange.attempts.deployment
+        if in_flight is not None:  # the client left (or an error escaped) mid-attempt
+            service.metrics.attempts.get(in_flight.provider, "abandon").inc()
+        exchange.attempts.abandon(service.clock.now())
+        service.admission.settle()
+        if exchange.lease is not None:
+            service.shared.release(exchange.lease)
+        if key_taken:
+            usage = exchange.attempts.usage
+            settle_key(service, principal, plan, exchange.attempts.attempts > 0,
+                       usage.total if usage is not None else None)
+
+
+# The proxied routes (POST) and their handlers: partials, so a queued call holds no extra
+# coroutine frame. aiohttp's router and the fast lane (``proxy.http.server.front``) serve these.
+_KINDS: dict[str, Kind] = {"/chat/completions": "chat", "/completions": "completions",
+                          "/responses": "responses", "/embeddings": "embeddings"}
+ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
+    f"/v1{path}": functools.partial(forward, path=path, kind=kind)
+    for path, kind in _KINDS.items()
+}
+
+
+def _within_budget(service: Service, key: str) -> None:
+    budget = service.budgets.budgets.get(key)
+    if budget is None:
+        return
+    wait_s = service.budgets.refused_for(key, service.clock.wall())
+    if wait_s is not None:
+        raise BudgetExceeded(
+            f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
+            f"{budget.period}.", retry_after=wait_s)
+
+
+def _cached(service: Service, exchange: Exchange, tier_name: str,
+            waited_s: float | None = None) -> web.Response | None:
+    """The cached answer to the call, if there is one now: no slot, no upstream tokens, no
+    cost, no budget."""
+    call, request = exchange.plan.call, exchange.request
+    key = exchange.cache_key
+    entry = None if key is None else service.cache.get(call.model, key)
+    if entry is None:
+        return None
+    service.metrics.cache_lookups.get(call.model, "hit").inc()
+    record = request[RECORD]
+    record.cache = "hit"
+    record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
+    record.cost_usd = 0.0
+    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
+               "x-proxy-queue-ms": str(round(
+                   (exchange.attempts.queue_s if waited_s is None else waited_s) * 1000)),
+               "x-proxy-upstream": entry.deployment, "x-proxy-cache": "hit"}
+    if not call.stream:
+        return web.Response(body=entry.answer, headers=headers,
+                            content_type="application/json")
+    headers["cache-control"] = "no-cache"
+    return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
+                        headers=headers, content_type="text/event-stream")
+
+
+async def _follow(service: Service, exchange: Exchange) -> web.Response | None:
+    """An identical call is on its way upstream: wait for it (no slot held, at most until
+    this call's own deadline), then answer from the cache if it left an answer there."""
+    key, plan = exchange.cache_key, exchange.plan
+    flight = None if key is None else service.cache.flight(key)
+    if flight is None:
+        return None
+    started = service.clock.now()
+    try:
+        async with asyncio.timeout(max(plan.deadline - started, 0.0)):
+            await flight.wait()
+    except TimeoutError:
+        return None  # the queue refuses it in its turn
+    return _cached(service, exchange, plan.tier_name, service.clock.now() - started)
+
+
+def _tier(service: Service, exchange: Exchange) -> tuple[int, str]:
+    """The call's tier now (index, name): a reload may have moved it since it arrived."""
+    ticket = exchange.attempts.ticket
+    tier = exchange.plan.tier if ticket is None else ticket.tier
+    names = service.engine.tier_names
+    return (tier, names[tier]) if tier < len(names) else (
+        exchange.plan.tier, exchange.plan.tier_name)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamResponse:
+    attempts = exchange.attempts
+    command: Command = attempts.start(service.clock.now())
+    while True:
+        service.admission.settle()
+        match command:
+            case Queue(ticket=ticket):
+                make_room(service, attempts, ticket)
+                decision = service.admission.enter(ticket)
+                if decision is None:
+                    decision = await service.admission.decided(ticket)
+                now = service.clock.now()
+                if isinstance(decision, Rejection):
+                    command = attempts.refused(decision.code, decision.retry_after_s, now)
+                else:
+                    tier_name = _tier(service, exchange)[1]
+                    exchange.request[RECORD].tier = tier_name
+                    waited = ticket.dispatched_at - ticket.queued_at
+                    service.metrics.queue_wait.get(tier_name).observe(waited)
+                    service.metrics.key_wait.get(exchange.plan.caller).observe(waited)
+                    # While it waited, an identical call may have filled the cache, or the
+                    # key spent its budget: the slot then goes back unused.
+                    hit = _cached(service, exchange, tier_name)
+                    if hit is not None:
+                        return hit
+                    _within_budget(service, exchange.plan.caller)
+                    if service.shared.shared:
+                        command, exchange.lease = await grant(service, attempts,
+                                                              decision.deployment)
+                    else:
+                        command = attempts.granted(decision.deployment, now)
+            case Send(deployment=deployment):
+                record = exchange.request[RECORD]
+                record.upstream = deployment.id
+                sent = service.clock.now()
+                result = await _send(service, exchange, path, deployment)
+                service.metrics.attempts.get(deployment.provider, result.verdict.value).inc()
+                predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
+                now = service.clock.now()
+                command = attempts.finished(result, now)
+                ended(service, deployment, attempts.tokens(deployment), attempts.used,
+                      exchange.lease, result.verdict)
+                exchange.lease = None
+                record.upstream_s, record.ttft_s = now - sent, result.ttft_s
+                labels = (deployment.provider, deployment.id, exchange.plan.call.model)
+                if result.verdict is not ABANDONED:
+                    service.metrics.upstream_latency.get(*labels).observe(now - sent)
+                if result.ttft_s is not None:
+                    service.metrics.ttft.get(*labels).observe(result.ttft_s)
+                if isinstance(command, Done) and attempts.usage is not None:
+                    usage = attempts.usage
+                    record.prompt_tokens = usage.prompt_tokens
+                    record.completion_tokens = usage.completion_tokens
+                    record.cost_usd = record_usage(service, exchange.plan, deployment, usage,
+                                                   predicted, now - sent)
+            case Wait(until=until):
+                await asyncio.sleep(max(until - service.clock.now(), 0.0))
+                command = attempts.resume(service.clock.now())
+            case Fail(error=error):
+                try:
+                    raise error
+                finally:  # else this frame holds the error whose traceback holds the frame
+                    del error, command
+            case PassThrough():
+                assert exchange.failure is not None
+                exchange.failure.headers["x-proxy-queue-ms"] = str(
+                    round(attempts.queue_s * 1000))
+                return exchange.failure
+            case Done():
+                assert exchange.answer is not None
+                return exchange.answer
+
+
+async def _send(service: Service, exchange: Exchange, path: str,
+                deployment: Deployment) -> Result:
+    """One upstream attempt, relayed to the client if it succeeds."""
+    plan, request = exchange.plan, exchange.request
+    call = plan.call
+    provider = service.engine.providers[deployment.provider]
+    # Chat and completions streams report usage only when asked: the proxy asks, and hides
+    # the answer from a client that did not. Responses streams always report it.
+    strip_usage = call.stream and call.kind in ("chat", "completions") and not call.wants_usage
+    body = dict(call.body)
+    body["model"] = deployment.model
+    tier, tier_name = _tier(service, exchange)
+    service_tier = upstream_service_tier(call.service_tier, tier)
+    if service_tier is None or not provider.accepts_service_tier:
+        body.pop("service_tier", None)
+    if strip_usage:
+        body["stream_options"] = {**(call.body.get("stream_options") or {}),
+                                  "include_usage": True}
+    forwarded = {"x-request-id": request[REQUEST_ID]}
+    for name in FORWARDED_REQUEST_HEADERS:
+        if name in request.headers:
+            forwarded[name] = request.headers[name]
+    upstream_request = UpstreamRequest(
+        path=path, body=orjson.dumps(body), model=deployment.model, stream=call.stream,
+        headers=forwarded,
+    )
+    started = service.clock.now()
+    try:
+        response = await service.upstreams[deployment.provider].send(
+            upstream_request, provider.timeouts)
+    except UpstreamError as exc:
+        return Result(FAILURE, error=exc)
+    try:
+        headers = response.headers
+        if "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers:
+            service.engine.fleet.observe_quota(deployment.provider, headers, service.clock.now())
+            service.admission.settle()
+        status = response.status
+        if status == 429 or status >= 500 or status in (401, 403):
+            return await _failed(service, exchange, response, deployment)
+        headers = answer_headers(request, tier_name, exchange.attempts.queue_s,
+                                 deployment, response)
+        key = exchange.cache_key
+        if key is not None:
+            headers["x-proxy-cache"] = "miss"
+        if not call.stream or status != 200:
+            data = await response.read()
+            exchange.answer = web.Response(body=data, status=status, headers=headers)
+            prompt, completion, response_id = _answer_facts(data) if status == 200 else (
+                None, None, None)
+            _remember(service, call, response_id, deployment)
+            if key is not None and status == 200:
+                service.cache.put(call.model, key, Entry(data, deployment.id, _count(prompt),
+                                                         _count(completion)))
+            return Result(SUCCESS, status=status, prompt_tokens=prompt,
+                          completion_tokens=completion)
+        chunks = response.chunks()
+        first = await anext(chunks, b"")
+        if not first:
+            return Result(FAILURE,
+                          error=UpstreamError("upstream stream ended before any data"))
+        ttft = service.clock.now() - started
+        exchange.answer, result = await relay(service, request, headers, deployment, response,
+                                              chunks, first, strip_usage,
+                                              keep_bytes=MAX_ENTRY_BYTES if key else 0)
+        _remember(service, call, result.response_id, deployment)
+        whole = (assemble(call.kind, result.kept)
+                 if result.kept and result.verdict is SUCCESS else None)
+        if key is not None and whole is not None:
+            service.cache.put(call.model, key, Entry(
+                whole, deployment.id, _count(result.prompt_tokens),
+                _count(result.completion_tokens)))
+        return Result(result.verdict, status=200, committed=True,
+                      prompt_tokens=result.prompt_tokens,
+                      completion_tokens=result.completion_tokens, ttft_s=ttft)
+    except UpstreamError as exc:
+        return Result(FAILURE, error=exc)
+    finally:
+        response.close()
+
+
+async def _failed(service: Service, exchange: Exchange, response: UpstreamResponse,
+                  deployment: Deployment) -> Result:
+    """A 429, 5xx, 401 or 403. A 5xx is kept, to be passed through if every attempt fails;
+    a 429 never reaches the client (the call waits for the pause instead) and an auth
+    failure's body may quote the provider's key."""
+    body = await response.read()
+    status = response.status
+    retry_after = parse_retry_after(response.headers, service.clock.wall())
+    if status in (401, 403):
+        return Result(AUTH, status=status)
+    if status == 429:
+        return Result(THROTTLED, status=status, retry_after_s=retry_after)
+    headers = upstream_headers(response.headers, error=True)
+    headers["x-proxy-upstream"] = deployment.id
+    headers["x-proxy-tier"] = _tier(service, exchange)[1]
+    exchange.failure = web.Response(body=body, status=status, headers=headers)
+    return Result(FAILURE, status=status, retry_after_s=retry_after)
+
+
+def _answer_facts(data: bytes) -> tuple[object, object, str | None]:
+    """(prompt tokens, completion tokens, response id) an answer reports, where it does."""
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None, None, None
+    if not isinstance(answer, dict):
+        return None, None, None
+    usage = answer.get("usage")
+    prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
+    response_id = answer.get("id") if answer.get("object") == "response" else None
+    return prompt, completion, response_id if isinstance(response_id, str) else None
+
+
+def _remember(service: Service, call: Call, response_id: str | None,
+              deployment: Deployment) -> None:
+    """A Responses API answer: calls that continue it go where it lives."""
+    if call.kind == "responses" and response_id is not None:
+        service.engine.remember_response(response_id, deployment)
+

@@ -1,0 +1,345 @@
+"""Past the commit point: relaying an SSE stream to the client, watching (and, when the
+proxy asked for usage itself, editing) it as it passes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
+from ...core.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
+from ...core.route import Deployment
+from ...core.value import value
+from ..base.drain import FAREWELL_S, uncancel
+from ..base.edge import Incoming, upstream_headers
+from ..base.keys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
+from ..upstream.upstream import UpstreamResponse
+from .events import event_stream
+from .service import Service
+from .watchdog import ClientGone, Watchdog
+
+# An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
+# for the next byte: it may be half of a CRLF).
+_BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?=[^\n]))(?:\r\n|\n|\r(?=[^\n]))")
+MAX_EVENT_BYTES = 8 << 20  # one SSE event held back whole; a larger one breaks the stream
+# A Responses API stream ends with one of these instead of [DONE].
+TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete",
+                                      "response.failed"})
+_RESPONSE_MARKS = re.compile(rb"response\.(?:created|completed|incomplete|failed)")
+# What ``StreamTally._inspect`` reads an event for.
+_MARKS = (b'"usage"', b"response.", b"[DONE]")
+# One byte looked for as an int: ``bytes in bytes`` first tries its needle as an integer,
+# and the TypeError it formats and clears costs as much as 8 of these tests.
+CR, LF = ord("\r"), ord("\n")
+
+
+class StreamTally:
+    """Relays whole SSE events only, counting content events and picking up ``usage`` as
+    they pass, so a stream that breaks never leaves the client half an event.
+
+    With ``strip_usage`` (the proxy added ``stream_options.include_usage`` the client did
+    not ask for) the usage-only chunk is removed, so the client sees exactly what it asked
+    for. Otherwise the bytes are the upstream's own, cut only at event boundaries.
+    """
+
+    def __init__(self, strip_usage: bool, keep_bytes: int = 0) -> None:
+        """``keep_bytes``: keep the events' data (``kept``) up to that many bytes in all,
+        for the response cache; past that none is kept (0: none at all)."""
+        self.strip_usage = strip_usage
+        self._keep_bytes = keep_bytes
+        self.kept: list[bytes] | None = [] if keep_bytes else None
+        self._kept_bytes = 0
+        self.events = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.response_id: str | None = None
+        self._pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole events ``data`` completes; raises UpstreamBadResponse on an event
+        past MAX_EVENT_BYTES."""
+        buffer = self._pending + data if self._pending else data
+        pos = len(self._pending) - 3  # what was pending was searched already
+        if pos < 0:
+            pos = 0
+        relayed = self._cut(buffer, pos) if CR in buffer else self._split(buffer, pos)
+        if len(self._pending) > MAX_EVENT_BYTES:
+            raise UpstreamBadResponse(f"an SSE event is larger than {MAX_EVENT_BYTES} bytes")
+        return relayed
+
+    def _split(self, buffer: bytes, pos: int) -> bytes:
+        """``feed`` for lines that end in LF alone (nearly every stream): cut by C's split."""
+        first = buffer.find(b"\n\n", pos)
+        if first < 0:
+            self._pending = buffer
+            return b""
+        events = buffer[first + 2:].split(b"\n\n")
+        self._pending = events.pop()
+        events.insert(0, buffer[:first])
+        whole = len(buffer) - len(self._pending)
+        # Up to the first thing the proxy reads (usage, a Responses event, the end), events
+        # whose data is an object are only counted, not inspected one by one.
+        plain = -1
+        if self.kept is None:
+            plain = whole
+            for mark in _MARKS:  # find, not a regex: an alternation scans at Python speed
+                found = buffer.find(mark, 0, plain)
+                if found >= 0:
+                    plain = found
+        dropped: list[int] = []  # where the events the client must not see start
+        offset = 0
+        for event in events:
+            start, offset = offset, offset + len(event) + 2
+            if offset - 2 <= plain and event.startswith(b"data: {"):
+                self.events += 1
+            elif not self._inspect(event):
+                dropped += (start, offset)
+        if not dropped:
+            return buffer[:whole]
+        edges = [0, *dropped, whole]
+        return b"".join(buffer[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2))
+
+    def _cut(self, buffer: bytes, pos: int) -> bytes:
+        start, dropped = 0, False
+        kept: list[bytes] = []
+        for end, after in boundaries(buffer, pos):
+            if self._inspect(buffer[start:end]):
+                kept.append(buffer[start:after])
+            else:
+                dropped = True
+            start = after
+        self._pending = buffer[start:]
+        return b"".join(kept) if dropped else buffer[:start]
+
+    def finish(self) -> bytes:
+        """At a clean end of the stream: what is left, as a whole event (a CR last in the
+        stream ends its line; an event the upstream left unterminated is terminated, as a
+        reader dispatches it at the end of a stream too)."""
+        rest, self._pending = self._pending, b""
+        if not rest.strip(b"\r\n"):
+            return rest
+        match = _BOUNDARY.search(rest + b"-")
+        complete = match is not None and match.end() == len(rest)
+        if not self._inspect(rest[:match.start()] if complete and match else rest):
+            return b""
+        return rest if complete else rest + b"\n\n"
+
+    def _inspect(self, event: bytes) -> bool:
+        """Record what the event says; False if the client must not see it."""
+        data = event_data(event)
+        if data is None:  # a comment or an event without data
+            return True
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        self.events += 1
+        if self.kept is not None:
+            self._kept_bytes += len(data)
+            if self._kept_bytes <= self._keep_bytes:
+                self.kept.append(data)
+            else:
+                self.kept = None
+        if data.find(b'"usage"') < 0 and (data.find(b"response.") < 0
+                                          or not _RESPONSE_MARKS.search(data)):
+            return True
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(payload, dict):
+            return True
+        kind = payload.get("type")
+        if isinstance(kind, str) and kind.startswith("response."):
+            self._response_event(kind, payload.get("response"))
+            return True
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            if self.strip_usage and not payload.get("choices"):
+                self.events -= 1
+                return False
+        return True
+
+    def _response_event(self, kind: str, response: object) -> None:
+        """A Responses API stream: its id comes first, its usage with its last event."""
+        if not isinstance(response, dict):
+            return
+        if kind == "response.created" and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if kind in TERMINAL_RESPONSE_EVENTS:
+            self.done = True
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+
+
+def boundaries(buffer: bytes, pos: int) -> list[tuple[int, int]]:
+    """Where the events in ``buffer`` end, from ``pos`` on: (end of the event, start of the
+    next). Streams whose lines end in LF alone (nearly all) are cut by ``bytes.find``."""
+    if CR in buffer:
+        return [match.span() for match in _BOUNDARY.finditer(buffer, pos)]
+    found = []
+    find = buffer.find
+    while (end := find(b"\n\n", pos)) >= 0:
+        pos = end + 2
+        found.append((end, pos))
+    return found
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The event's data as the SSE spec defines it: the values of its ``data`` lines (one
+    space after the colon dropped) joined by newlines; None without a ``data`` line."""
+    if event.startswith(b"data: ") and LF not in event and CR not in event:
+        return event[6:]  # the common case: one data line
+    values = []
+    for line in event.splitlines():
+        if line == b"data":
+            values.append(b"")
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            values.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(values) if values else None
+
+
+def error_event(message: str, code: str) -> bytes:
+    return b"data: " + orjson.dumps(
+        {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    ) + b"\n\n"
+
+
+def answer_headers(
+    request: Incoming, tier_name: str, queue_s: float, deployment: Deployment,
+    response: UpstreamResponse,
+) -> dict[str, str]:
+    headers = upstream_headers(response.headers)
+    headers["x-request-id"] = request[REQUEST_ID]
+    headers["x-proxy-tier"] = tier_name
+    headers["x-proxy-queue-ms"] = str(round(queue_s * 1000))
+    headers["x-proxy-upstream"] = deployment.id
+    return headers
+
+
+@value
+class Relayed:
+    """How a relayed stream ended, and the usage it reported (or the events it counted)."""
+
+    verdict: Verdict
+    prompt_tokens: object
+    completion_tokens: object
+    response_id: str | None = None
+    kept: list[bytes] | None = None  # the events' data, when asked to keep them
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
+    """(prompt, completion) tokens from a usage object, in Chat Completions' names or the
+    Responses API's (``input_tokens``, ``output_tokens``)."""
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
+
+
+async def _to_client(step: Awaitable[object], timeout_s: float) -> None:
+    """One step of sending to the client (head, chunk, end: ``write_eof`` drains the socket
+    too), bounded by the write timeout."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await step
+    except (TimeoutError, ConnectionResetError) as exc:
+        raise ClientGone() from exc
+
+
+def _hang_up(request: Incoming) -> None:
+    """Close a connection whose client stopped reading, so nothing is left half-sent and
+    the stream cannot later look complete."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def relay(
+    service: Service,
+    request: Incoming,
+    headers: dict[str, str],
+    deployment: Deployment,
+    upstream: UpstreamResponse,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    strip_usage: bool,
+    keep_bytes: int = 0,
+) -> tuple[web.StreamResponse, Relayed]:
+    """Past the commit point: relay chunks as they come; errors become an SSE error event.
+    A stream that ends without its last event (``[DONE]``, or a Responses API stream's
+    ``response.completed``/``incomplete``/``failed``) was cut."""
+    headers.setdefault("cache-control", "no-cache")
+    answer = event_stream(request, headers)
+    timeout_s = service.config.limits.write_timeout_s
+    tally = StreamTally(strip_usage, keep_bytes)
+    verdict = SUCCESS
+    request[COMMITTED] = True
+    watchdog = Watchdog(timeout_s)
+    ending = False  # the stream's end is being written
+    try:
+        # Waits for nothing (the head goes out with the first event): no watchdog.
+        await answer.begin(request)
+        # The chunk that ends the upstream's answer goes out with the end of the client's
+        # (and, if it is the first, with the head): one write instead of up to three.
+        data = tally.feed(first)
+        if not upstream.ended:
+            await watchdog.send(answer.write(data))
+            data = b""
+            async for chunk in chunks:
+                data = tally.feed(chunk)
+                if upstream.ended:
+                    break
+                if data:
+                    await watchdog.send(answer.write(data))
+                data = b""
+        data += tally.finish()
+        if upstream.ended:
+            upstream.close()  # its connection is free now, not once a slow client has read
+        if not tally.done:
+            if data:
+                await watchdog.send(answer.write(data))
+            raise UpstreamBadResponse("the provider's stream ended before its last event")
+        ending = True
+        await watchdog.send(answer.write_eof(data))
+    except UpstreamError as exc:
+        verdict = FAILURE
+        request[RECORD].code = exc.code
+        service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
+        # Only whole events were relayed: the error event is the next one, and parses.
+        event = error_event(f"upstream stream failed: {exc.message}", exc.code)
+        try:
+            await _to_client(answer.write(event), timeout_s)
+            await _to_client(answer.write_eof(), timeout_s)
+        except ClientGone:
+            _hang_up(request)
+    except asyncio.CancelledError:
+        # The client left; or the end is written and only its drain was cut short: nothing
+        # may follow it, and the connection closes after what is written. Else the drain
+        # timed out: say so in the stream, then close it.
+        if not request.app[LIFECYCLE].expired or ending or not uncancel():
+            raise
+        verdict = ABANDONED
+        request[RECORD].code = ShuttingDown.code
+        event = error_event("the proxy is shutting down; the stream was ended",
+                            ShuttingDown.code)
+        try:
+            await _to_client(answer.write(event), min(timeout_s, FAREWELL_S))
+            await _to_client(answer.write_eof(), min(timeout_s, FAREWELL_S))
+        except ClientGone:
+            _hang_up(request)
+    except ClientGone:
+        verdict = ABANDONED
+        request[RECORD].code = "client_gone"
+        service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
+        _hang_up(request)
+    finally:
+        watchdog.stop()
+    prompt, completion = usage_counts(tally.usage or {})
+    if completion is None:
+        completion = max(tally.events - 2, 0)  # content events, less the role and stop ones
+    return answer, Relayed(verdict, prompt, completion, tally.response_id, tally.kept)

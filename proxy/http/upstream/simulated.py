@@ -1,0 +1,169 @@
+"""An in-process provider that answers like OpenAI, for trying the proxy with no keys,
+for tests and for benchmarks.
+
+Service time: ``ttft_s`` (+ prompt tokens / ``prefill_tokens_per_s``) to the first token,
+then one token every ``1 / tokens_per_s``. Output length is ``max_tokens`` (or
+``max_completion_tokens``, ``max_output_tokens``), else ``default_output_tokens``, at most
+``max_output_tokens``; answers come in the shape of the API called (``sim_answers``);
+a stream is generated as it goes, so memory stays bounded. With ``capacity`` set it answers
+429 past that many concurrent calls, like a real provider's concurrency limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import zlib
+from collections.abc import AsyncIterator, Mapping
+
+import orjson
+
+from ...core.provider import SimSettings, Timeouts
+from .sim_answers import ANSWERS, Answer
+from .upstream import UpstreamRequest
+
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+_CHUNK_BATCH_S = 0.005  # below this pace, emit several tokens per await (keeps fast sims cheap)
+
+
+class SimulatedUpstream:
+    def __init__(self, name: str, settings: SimSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.active = 0
+        self.calls = 0
+        self._rng = random.Random(settings.seed)
+
+    async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> SimulatedResponse:
+        self.calls += 1
+        s = self.settings
+        if s.capacity is not None and self.active >= s.capacity:
+            return _error_response(429, "rate_limit_exceeded", "simulated concurrency limit")
+        if s.error_rate and self._rng.random() < s.error_rate:
+            return _error_response(500, "server_error", "simulated failure")
+        try:
+            body = orjson.loads(request.body)
+        except orjson.JSONDecodeError:
+            return _error_response(400, "invalid_request", "body is not JSON")
+        if not isinstance(body, dict):
+            return _error_response(400, "invalid_request", "body must be an object")
+        if request.path == "/embeddings":
+            return _embedding_response(request.model, body.get("input"))
+        shape = ANSWERS.get(request.path)
+        if shape is None:
+            return _error_response(404, "not_found", f"no {request.path} here")
+        limit = (body.get("max_completion_tokens") or body.get("max_tokens")
+                 or body.get("max_output_tokens"))
+        n_out = limit if isinstance(limit, int) and limit > 0 else s.default_output_tokens
+        n_out = min(n_out, s.max_output_tokens)
+        include_usage = isinstance(body.get("stream_options"), dict) and bool(
+            body["stream_options"].get("include_usage")
+        )
+        prompt_tokens = _prompt_tokens(body)
+        ttft = s.ttft_s + (prompt_tokens / s.prefill_tokens_per_s if s.prefill_tokens_per_s else 0)
+        return SimulatedResponse(self, shape(request.model, n_out, prompt_tokens), ttft,
+                                 request.stream, include_usage)
+
+    async def close(self) -> None:
+        return None
+
+
+def _prompt_tokens(body: dict[str, object]) -> int:
+    """About four characters a token, of whatever the API calls its prompt."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+    else:
+        chars = len(str(body.get("prompt") or "")) + len(str(body.get("input") or "")) + len(
+            str(body.get("instructions") or ""))
+    return -(-chars // 4)
+
+
+def _embedding_response(model: str, given: object) -> SimulatedResponse:
+    """Deterministic 8-dimensional vectors, one per input."""
+    inputs = given if isinstance(given, list) else [given]
+    data = [
+        {"object": "embedding", "index": i,
+         "embedding": [((zlib.crc32(str(text).encode()) >> (4 * d)) % 1000) / 1000
+                       for d in range(8)]}
+        for i, text in enumerate(inputs)
+    ]
+    tokens = sum(-(-len(str(text)) // 4) for text in inputs)
+    body = orjson.dumps({"object": "list", "data": data, "model": model,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return SimulatedResponse(None, None, 0.0, False, False, status=200, body=body)
+
+
+def _error_response(status: int, code: str, message: str) -> SimulatedResponse:
+    body = orjson.dumps({"error": {"message": message, "type": code, "param": None, "code": code}})
+    return SimulatedResponse(None, None, 0.0, False, False, status=status, body=body)
+
+
+class SimulatedResponse:
+    def __init__(
+        self,
+        owner: SimulatedUpstream | None,
+        answer: Answer | None,
+        ttft_s: float,
+        stream: bool,
+        include_usage: bool,
+        *,
+        status: int = 200,
+        body: bytes = b"",
+    ) -> None:
+        self.status = status
+        content_type = "text/event-stream" if stream and status == 200 else "application/json"
+        self.headers: Mapping[str, str] = {"content-type": content_type}
+        self._owner = owner
+        self._answer = answer
+        self._ttft_s = ttft_s
+        self._include_usage = include_usage
+        self._body = body
+        self._closed = False
+        self.ended = False
+        if owner is not None:
+            owner.active += 1
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owner is not None:
+                self._owner.active -= 1
+
+    def _words(self, start: int, stop: int) -> list[str]:
+        n_out = self._answer.n_out if self._answer else 0
+        return [_WORDS[i % len(_WORDS)] + " " for i in range(start, min(stop, n_out))]
+
+    async def read(self) -> bytes:
+        try:
+            if self._owner is None or self._answer is None:
+                return self._body
+            n_out = self._answer.n_out
+            await asyncio.sleep(self._ttft_s + n_out / self._owner.settings.tokens_per_s)
+            return self._answer.whole("".join(self._words(0, n_out)))
+        finally:
+            self.close()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            if self._owner is None or self._answer is None:
+                self.ended = True
+                yield self._body
+                return
+            answer = self._answer
+            await asyncio.sleep(self._ttft_s)
+            opening = answer.opening()
+            if opening:
+                yield opening
+            per_token = 1.0 / self._owner.settings.tokens_per_s
+            batch = max(1, int(_CHUNK_BATCH_S / per_token))
+            for start in range(0, answer.n_out, batch):
+                part = self._words(start, start + batch)
+                if start:
+                    await asyncio.sleep(per_token * len(part))
+                yield answer.pieces(part)
+            text = "".join(self._words(0, answer.n_out)) if answer.repeats_text else ""
+            self.ended = True
+            yield answer.closing(text, self._include_usage)
+        finally:
+            self.close()

@@ -1,0 +1,3 @@
+"""Work that can wait: the Files and Batch API and background responses (``batches``), and
+the runner that feeds their lines to the scheduler in the batch tier (``runner``).
+"""
