@@ -7,18 +7,21 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 
 @contextlib.asynccontextmanager
-async def serving(config: Path, *args: str) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
+async def serving(config: Path, *args: str, env: Mapping[str, str] | None = None,
+                  ) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
     """``serve`` on ``config`` at a free port, once it says it listens: (its base URL, the
-    process), killed on the way out if it is still running."""
+    process), killed on the way out if it is still running. ``env``: variables set for it
+    on top of this process's."""
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
          "--log-level", "WARNING", *args],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     assert process.stdout is not None
     try:

@@ -1,18 +1,29 @@
 """The egress proxy: ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` read as ``urllib`` reads
-them."""
+them, and provider calls through a CONNECT tunnel of a real proxy on 127.0.0.1 (TLS to the
+provider's name over it, credentials, refusals, reuse of the tunnelled connection)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import socket
+import ssl
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import trustme
 
 from proxy.__main__ import main
 from proxy.config import ConfigError, Provider, parse_config
+from proxy.core.errors import UpstreamConnectError
+from proxy.http.app import default_upstream
+from proxy.http.upstream import HttpUpstream
+
+from .connect_proxy import connect_proxy
+from .test_wire import OK, answering, call, raw_server, read_request
 
 SECRET = "pa:ss@wd"  # percent-encoded in the proxy's URL
 USER = "alice"
@@ -23,6 +34,13 @@ def provider(base_url: str, env: Mapping[str, str]) -> Provider:
     config = parse_config({"providers": [{"name": "up", "base_url": base_url, "api_key": "k"}],
                            "models": {"m": [{"provider": "up", "model": "m"}]}}, env)
     return config.providers["up"]
+
+
+def upstream_of(found: Provider) -> HttpUpstream:
+    """The upstream the proxy builds for ``found``."""
+    upstream = default_upstream(found)
+    assert isinstance(upstream, HttpUpstream)
+    return upstream
 
 
 def shown(base_url: str, env: Mapping[str, str]) -> str | None:
@@ -115,3 +133,134 @@ def test_check_reads_the_environment_and_shows_the_proxy_without_credentials(
     assert ("providers: up (openai, max_concurrency 10, via http://proxy.corp:3128), "
             "near (openai, max_concurrency 10)") in out
     assert USER not in out and SECRET not in out and "pa%3Ass" not in out
+
+# --- calls through a tunnel ---------------------------------------------------------------
+
+def tls_for(authority: trustme.CA, name: str, sni: list[str]) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert(name).configure_cert(context)
+    context.sni_callback = lambda _, server_name, __: sni.append(server_name or "")
+    return context
+
+
+def port_of(url: str) -> int:
+    return int(url.split("/")[2].rsplit(":", 1)[1])
+
+
+async def test_a_call_reaches_a_tls_provider_through_the_tunnel_and_reuses_it(
+        authority: trustme.CA, trusting: None) -> None:
+    sni: list[str] = []
+    heads: list[bytes] = []
+
+    async def provider_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            heads.append(await read_request(reader))
+            writer.write(OK)
+
+    async with raw_server(provider_side, tls=tls_for(authority, "provider.test", sni)) as up, \
+            connect_proxy(credentials=PROXY_CREDENTIALS) as proxy:
+        # provider.test resolves nowhere but at the proxy: only the tunnel can reach it.
+        target = f"provider.test:{port_of(up.url)}"
+        found = provider(f"https://{target}/v1", {"HTTPS_PROXY": with_credentials(proxy.url)})
+        upstream = upstream_of(found)
+        for _ in range(3):
+            assert await call(upstream) == (200, b"{}")
+        await upstream.close()
+    assert proxy.targets == [target] and proxy.tunnels == 1 and up.connections == 1
+    assert proxy.seen[0].line == f"CONNECT {target} HTTP/1.1"
+    assert proxy.seen[0].headers["host"] == target
+    assert proxy.seen[0].headers["proxy-authorization"] == "Basic " + base64.b64encode(
+        PROXY_CREDENTIALS.encode()).decode()
+    assert sni == ["provider.test"]  # and its certificate was checked for that name
+    assert len(heads) == 3
+    for head in heads:
+        lines = head.decode().lower().split("\r\n")
+        assert f"host: {target}" in lines
+        assert not any(line.startswith("proxy-authorization") for line in lines)
+
+
+async def test_the_providers_certificate_is_checked_through_the_tunnel(
+        authority: trustme.CA, trusting: None) -> None:
+    sni: list[str] = []
+    async with raw_server(answering(OK), tls=tls_for(authority, "other.test", sni)) as up, \
+            connect_proxy() as proxy:
+        target = f"provider.test:{port_of(up.url)}"
+        upstream = upstream_of(provider(f"https://{target}/v1", {"HTTPS_PROXY": proxy.url}))
+        with pytest.raises(UpstreamConnectError, match="SSL"):
+            await call(upstream)
+        await upstream.close()
+    assert proxy.targets == [target] and sni == ["provider.test"]
+
+
+async def test_an_http_provider_goes_through_a_connect_tunnel_too() -> None:
+    async with raw_server(answering(OK)) as up, connect_proxy() as proxy:
+        target = f"provider.test:{port_of(up.url)}"
+        upstream = upstream_of(provider(f"http://{target}/v1", {"http_proxy": proxy.url}))
+        assert await call(upstream) == (200, b"{}")
+        assert await call(upstream) == (200, b"{}")
+        await upstream.close()
+    assert proxy.targets == [target] and up.connections == 1
+
+
+@pytest.mark.parametrize("no_proxy", ["127.0.0.1", "*", "localhost,127.0.0.1"])
+async def test_no_proxy_calls_go_directly(no_proxy: str) -> None:
+    async with raw_server(answering(OK)) as up, connect_proxy() as proxy:
+        found = provider(up.url, {"HTTP_PROXY": proxy.url, "NO_PROXY": no_proxy})
+        assert found.egress is None
+        upstream = upstream_of(found)
+        assert await call(upstream) == (200, b"{}")
+        await upstream.close()
+    assert proxy.seen == [] and up.connections == 1
+
+
+@pytest.mark.parametrize(("settings", "password", "status"), [
+    ({"credentials": PROXY_CREDENTIALS}, "wrong:pw", 407),
+    ({"credentials": PROXY_CREDENTIALS}, None, 407),
+    ({"refuse": 403}, SECRET, 403),
+])
+async def test_a_refusing_proxy_is_a_connect_error_that_names_it(
+        settings: dict[str, object], password: str | None, status: int) -> None:
+    async with raw_server(answering(OK)) as up, connect_proxy(**settings) as proxy:
+        url = proxy.url if password is None else with_credentials(proxy.url, password)
+        upstream = upstream_of(provider(up.url.replace("127.0.0.1", "provider.test"),
+                                             {"HTTP_PROXY": url}))
+        with pytest.raises(UpstreamConnectError) as caught:
+            await call(upstream)
+        await upstream.close()
+    message = str(caught.value)
+    assert message == (f"the egress proxy {proxy.url} refused the tunnel to the provider "
+                       f"({status})")
+    assert caught.value.status == 502 and up.connections == 0
+
+
+async def test_an_unreachable_or_silent_proxy_is_a_connect_error_that_names_it() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    upstream = upstream_of(provider("https://provider.test/v1",
+                                         {"HTTPS_PROXY": with_credentials(gone)}))
+    with pytest.raises(UpstreamConnectError) as caught:
+        await call(upstream)
+    assert str(caught.value) == (f"connecting to the provider through the egress proxy {gone} "
+                                 "failed (ConnectionRefusedError)")
+    async with connect_proxy(silent=True) as proxy:
+        upstream = upstream_of(provider("https://provider.test/v1",
+                                             {"HTTPS_PROXY": proxy.url}))
+        with pytest.raises(UpstreamConnectError, match=f"egress proxy {proxy.url} timed out"):
+            await call(upstream)
+    assert proxy.targets == ["provider.test:443"]
+
+
+async def test_a_proxy_answering_garbage_is_a_connect_error() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await reader.read()
+
+    async with raw_server(garbage) as fake:
+        origin = fake.url.removesuffix("/v1")
+        upstream = upstream_of(provider("https://provider.test/v1",
+                                             {"HTTPS_PROXY": origin}))
+        with pytest.raises(UpstreamConnectError, match=r"failed \(ConnectionError\)"):
+            await call(upstream)
+
