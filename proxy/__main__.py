@@ -23,7 +23,8 @@ def _summary(config: Config) -> str:
             else "none (any bearer token accepted)"
         ),
         "providers: " + ", ".join(
-            f"{p.name} ({p.kind}, max_concurrency {p.max_concurrency})"
+            f"{p.name} ({p.kind}, max_concurrency {p.max_concurrency}"
+            f"{f', via {p.egress.shown}' if p.egress is not None else ''})"
             for p in config.providers.values()
         ),
         "models: " + ", ".join(

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 import pytest_asyncio
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
@@ -13,11 +15,27 @@ from proxy.core.tokens import TokenCounter
 from proxy.http.base.keys import LIFECYCLE
 from proxy.http.call import forward
 from proxy.http.server.front import FrontRunner
+from proxy.http.upstream import upstream as upstream_module
 
 
 @pytest.fixture(scope="session")
 def counter() -> TokenCounter:
     return TokenCounter.load()
+
+
+@pytest.fixture(scope="session")
+def authority() -> trustme.CA:
+    """A certificate authority for TLS fake providers."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def trusting(authority: trustme.CA, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The proxy's TLS client trusts ``authority`` (and nothing else)."""
+    client = ssl.create_default_context()
+    authority.configure_trust(client)
+    monkeypatch.setattr(upstream_module, "_tls_context", lambda: client)
+    yield
 
 
 def config_from(

@@ -18,12 +18,13 @@ async def serving(config: Path, *args: str, env: Mapping[str, str] | None = None
                   ) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
     """``serve`` on ``config`` at a free port, once it says it listens: (its base URL, the
     process), killed on the way out if it is still running. ``env`` is added to this
-    process's environment; ``stderr`` takes the log (else it is the test's)."""
+    process's environment (``PYTHONUNBUFFERED`` always set); ``stderr`` takes the log (else
+    it is the test's)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
          "--log-level", "WARNING", *args],
         stdout=subprocess.PIPE, stderr=stderr, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     assert process.stdout is not None
     try:

@@ -16,6 +16,7 @@ from ..core.route import (
     Deployment,
     ModelRoute,
 )
+from .egress import egress_for, environment_proxies
 from .policy import tier_index
 from .reader import UNSET, Node, fail, interpolate, shown
 
@@ -27,6 +28,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
     """The enabled providers, and the names of all declared ones (disabled included)."""
     providers: dict[str, Provider] = {}
     declared: set[str] = set()
+    proxies = environment_proxies(root.env)
     for path, node in root.items("providers"):
         name = node.string("name", required=True)
         if name in declared:
@@ -55,7 +57,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
         else:
             # A real provider's simulate: block is only the simulator's timing model.
             common["timing"] = _simulate(node.node("simulate")) if node.has("simulate") else None
-            provider_or_none = _http_provider(path, node, kind, common, warnings)
+            provider_or_none = _http_provider(path, node, kind, common, warnings, proxies)
             node.check_unknown()
             if provider_or_none is None:
                 continue
@@ -66,7 +68,8 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
 
 
 def _http_provider(
-    path: str, node: Node, kind: str, common: dict[str, object], warnings: list[str]
+    path: str, node: Node, kind: str, common: dict[str, object], warnings: list[str],
+    proxies: Mapping[str, str],
 ) -> Provider | None:
     base_url = node.string("base_url", required=True).rstrip("/")
     if not re.match(r"https?://[^/\s]+", base_url):
@@ -109,7 +112,7 @@ def _http_provider(
         fail(f"{path}.api_version", "only applies to kind azure")
     return Provider(
         base_url=base_url, api_key=str(api_key), headers=headers, query=query,
-        max_response_bytes=max_response_bytes,
+        max_response_bytes=max_response_bytes, egress=egress_for(base_url, proxies),
         accepts_service_tier=accepts, **common,  # type: ignore[arg-type]
     )
 

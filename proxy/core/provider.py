@@ -29,6 +29,22 @@ class SimSettings:
 
 
 @dataclass(frozen=True)
+class EgressProxy:
+    """The HTTP proxy a provider is reached through (``HTTPS_PROXY`` / ``HTTP_PROXY``):
+    calls go through a CONNECT tunnel to the provider."""
+
+    host: str
+    port: int
+    authorization: str | None = field(default=None, repr=False)  # Proxy-Authorization
+
+    @property
+    def shown(self) -> str:
+        """Where it is, without its credentials: ``http://proxy.corp:3128``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class Provider:
     name: str
     kind: str
@@ -45,3 +61,4 @@ class Provider:
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     sim: SimSettings | None = None  # the built-in simulated upstream (kind simulated)
     timing: SimSettings | None = None  # the simulator's timing model (any kind)
+    egress: EgressProxy | None = None  # None: the provider is reached directly

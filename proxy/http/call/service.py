@@ -254,6 +254,7 @@ class Service:
                     "inflight": self.scheduler.inflight(name),
                     "paused_for_s": providers[name]["paused_for_s"],
                     "retry_budget": round(fleet.budgets[name].available(now), 2),
+                    "egress": provider.egress.shown if provider.egress is not None else None,
                 }
                 for name, provider in self.config.providers.items()
             },

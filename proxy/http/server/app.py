@@ -41,7 +41,7 @@ def default_upstream(provider: Provider) -> Upstream:
     else:
         auth = {"authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     return HttpUpstream(provider.base_url, {**provider.headers, **auth}, provider.query,
-                        provider.max_response_bytes)
+                        provider.max_response_bytes, provider.egress)
 
 
 def build_app(

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from yarl import URL
 
-from ...core.provider import Timeouts
+from ...core.provider import EgressProxy, Timeouts
 from ...core.value import value
 from .wire import Connection, Origin
 
@@ -74,14 +74,16 @@ class HttpUpstream:
         headers: Mapping[str, str],
         query: Mapping[str, str] | None = None,
         max_response_bytes: int = 64 * 1024 * 1024,
+        egress: EgressProxy | None = None,
     ) -> None:
+        """``egress``: the proxy calls go through (a CONNECT tunnel); None: directly."""
         url = URL(base_url.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         for name, text in headers.items():
             _check_header(name, text)
         tls = _tls_context() if url.scheme == "https" else None
-        self._origin = Origin(url.raw_host, url.port or (443 if tls else 80), tls)
+        self._origin = Origin(url.raw_host, url.port or (443 if tls else 80), tls, egress)
         self._max_response_bytes = max_response_bytes
         self._prefix = url.raw_path.rstrip("/")
         self._query = "?" + urlencode(dict(query)) if query else ""

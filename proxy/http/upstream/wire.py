@@ -5,7 +5,8 @@ aiohttp's client spent about 130 µs of CPU per call here, more than the proxy's
 request path; this one about 20 µs. It does what a provider call needs and no more: a
 request whose body is known in full, the answer read whole or chunk by chunk
 (Content-Length, chunked, or until the connection closes), gzip/deflate answers, TLS,
-idle connections reused (last in, first out) and dropped after ``KEEPALIVE_S``.
+idle connections reused (last in, first out) and dropped after ``KEEPALIVE_S``, directly
+or through a CONNECT tunnel of the egress proxy (``tunnel``), pooled alike.
 
 Errors are the proxy's own (``UpstreamConnectError`` / ``UpstreamTimeout`` /
 ``UpstreamBadResponse``); a connection with anything unusual is closed, never reused.
@@ -23,6 +24,8 @@ from typing import cast
 import httptools
 
 from ...core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from ...core.provider import EgressProxy
+from .tunnel import ProxyRefused, connect_request, open_tunnel
 
 KEEPALIVE_S = 15.0  # an idle connection older than this is closed, not reused
 HIGH_WATER = 256 * 1024  # unread answer bytes past which the socket stops being read
@@ -33,10 +36,17 @@ _NO_BODY = (204, 304)
 class Origin:
     """The connections to one scheme://host:port."""
 
-    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None,
+                 egress: EgressProxy | None = None) -> None:
         self.host = host
         self.port = port
         self.tls = tls
+        self.egress = egress
+        self._connect = connect_request(host, port, egress) if egress is not None else b""
+        # What a connect error names: never the provider's address (a client may read it).
+        self._via = egress.shown if egress is not None else ""
+        self._to = f"the provider through the egress proxy {self._via}" if egress else (
+            "the provider")
         self._idle: list[Connection] = []
         self.closed = False
 
@@ -51,16 +61,24 @@ class Origin:
             conn.abort()
         try:
             async with asyncio.timeout(connect_s):
-                _, conn = await loop.create_connection(
-                    partial(Connection, self, loop), self.host, self.port, ssl=self.tls,
-                    server_hostname=self.host if self.tls is not None else None)
+                if self.egress is None:
+                    _, conn = await loop.create_connection(
+                        partial(Connection, self, loop), self.host, self.port, ssl=self.tls,
+                        server_hostname=self.host if self.tls is not None else None)
+                else:
+                    conn = Connection(self, loop)
+                    await open_tunnel(self.egress, self._connect, conn, self.tls, self.host)
         except TimeoutError as exc:
-            raise UpstreamConnectError("connecting to the provider timed out") from exc
+            raise UpstreamConnectError(f"connecting to {self._to} timed out") from exc
+        except ProxyRefused as exc:
+            raise UpstreamConnectError(
+                f"the egress proxy {self._via} refused the tunnel to the provider "
+                f"({exc.status})") from exc
         except OSError as exc:
             # The detail (the provider's address) stays in the chain for logs, not in the
             # message a client sees.
             raise UpstreamConnectError(
-                f"connecting to the provider failed ({type(exc).__name__})") from exc
+                f"connecting to {self._to} failed ({type(exc).__name__})") from exc
         return conn
 
     def put_back(self, conn: Connection) -> None:

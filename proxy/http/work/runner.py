@@ -2,7 +2,8 @@
 
 Each batch line and each background response is a call of the batch tier sent through
 this very proxy (over loopback, on behalf of the key that owns it, with the process's
-internal token): the same classification, routing, limits, breakers, metrics and access
+internal token; by the client provider calls use, ``wire``, never through an egress
+proxy): the same classification, routing, limits, breakers, metrics and access
 log as any call, and only the capacity more urgent tiers leave. At most ``max_in_flight``
 lines of a batch are calls at once; the rest wait in the store, so a million-line file
 costs the memory of its window. A call the proxy itself turns away (429, 5xx: the queue
@@ -24,18 +25,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from ...config import Config
 from ...core.batchdoc import background_path, error_line, output_line, request_counts, response_doc
 from ...core.clock import Clock
-from ...core.errors import StorageFull
+from ...core.errors import StorageFull, UpstreamConnectError, UpstreamError
+from ...core.provider import Timeouts
 from ...core.retry import parse_retry_after
 from ...store import AsyncStore, open_store, store_errors
 from ..base.metrics import Metrics
 from ..call.auth import ON_BEHALF
+from ..upstream.upstream import HttpUpstream, UpstreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ RETENTION_EVERY_S = 3600.0
 HEAVY_AT_ONCE = 2
 LEAD_EVERY_S = 1.0  # the runner's lease is renewed, and new work looked for, this often
 LEASE_S = 5.0  # a runner that stopped renewing is replaced after this
+LOOPBACK_CONNECT_S = 5.0
 
 
 def new_id(prefix: str) -> str:
@@ -64,7 +67,7 @@ class Work:
         self._store: AsyncStore | None = None
         self.errors = store_errors(config.state.backend == "redis")
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
-        self._session: aiohttp.ClientSession | None = None
+        self._loopback: HttpUpstream | None = None  # this proxy's own listener
         self._janitor: asyncio.Task[None] | None = None
         self._leader: asyncio.Task[None] | None = None
         self._me = new_id("runner-")
@@ -100,6 +103,12 @@ class Work:
         """Listening at ``base_url``: run the work (this process, or whichever worker of
         ``serve --workers`` holds the lease), resuming what a previous process left."""
         self.base_url = base_url.rstrip("/")
+        # Its answer is at most what a provider may answer; it is never sent to an egress
+        # proxy, whatever HTTPS_PROXY and NO_PROXY say.
+        largest = max((p.max_response_bytes for p in self.config.providers.values()),
+                      default=64 * 1024 * 1024)
+        self._loopback = HttpUpstream(self.base_url, {"authorization": f"Bearer {self._token}"},
+                                      max_response_bytes=largest)
         await self._lead()
         self._leader = asyncio.ensure_future(self._lead_forever())
 
@@ -135,8 +144,8 @@ class Work:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
-        if self._session is not None:
-            await self._session.close()
+        if self._loopback is not None:
+            await self._loopback.close()
         if self._store is not None:
             await self._store.close()
 
@@ -204,22 +213,18 @@ class Work:
 
     # --- one call through this proxy ----------------------------------------------------
 
-    async def _call(self, owner: str, path: str, body: bytes,
-                    request_id: str) -> tuple[int, bytes, float | None]:
-        """(status, body, retry-after seconds) of ``path`` called through this proxy."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None))
-        if self.base_url is None:
-            raise aiohttp.ClientConnectionError("the proxy is not listening yet")
-        headers = {"Authorization": f"Bearer {self._token}", ON_BEHALF: owner,
-                   "X-Priority": self._tier(), "content-type": "application/json",
-                   "x-request-id": request_id}
-        async with self._session.post(self.base_url + path, data=body,
-                                      headers=headers) as response:
-            return (response.status, await response.read(),
-                    parse_retry_after(response.headers))
+    async def _call(self, owner: str, path: str, body: bytes, request_id: str,
+                    until: float) -> tuple[int, bytes, float | None]:
+        """(status, body, retry-after seconds) of ``path`` called through this proxy, if it
+        answers before ``until`` (epoch seconds)."""
+        if self._loopback is None:
+            raise UpstreamConnectError("the proxy is not listening yet")
+        headers = {ON_BEHALF: owner, "X-Priority": self._tier(), "x-request-id": request_id}
+        budget = max(until - self.clock.wall(), RETRY_MIN_S)
+        response = await self._loopback.send(
+            UpstreamRequest(path, body, "", False, headers),
+            Timeouts(LOOPBACK_CONNECT_S, budget, budget, budget))
+        return response.status, await response.read(), parse_retry_after(response.headers)
 
     def _tier(self) -> str:
         names = self.config.tier_names
@@ -233,8 +238,9 @@ class Work:
         delay = RETRY_MIN_S
         while True:
             try:
-                status, data, retry_after = await self._call(owner, path, body, request_id)
-            except (aiohttp.ClientError, OSError):
+                status, data, retry_after = await self._call(owner, path, body, request_id,
+                                                             until)
+            except UpstreamError:
                 status, data, retry_after = 0, b"", None
             if status and status not in RETRY_STATUSES:
                 return status, data
