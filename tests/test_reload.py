@@ -274,9 +274,9 @@ async def test_reload_needs_the_admin_key_and_a_file(
     code, answer = await reload(client)
     assert code == 200 and answer["restart_needed"] == ["listen"]
     write(path, table("http://127.0.0.1:9/v1", listen={"host": "0.0.0.0", "port": 2},
-                      state={"backend": "redis"}))
+                      state={"backend": "redis"}, server={"fast_lane": False}))
     code, answer = await reload(client)
-    assert code == 200 and answer["restart_needed"] == ["listen", "state"]
+    assert code == 200 and answer["restart_needed"] == ["listen", "server", "state"]
     status = await (await client.get("/admin/status", headers=ADMIN)).json()
     assert status["state"]["backend"] == "memory"  # kept until the restart
     bare: Client = await aiohttp_client(build_app(load_config(path), counter=counter))

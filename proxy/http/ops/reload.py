@@ -36,6 +36,8 @@ def restart_needed(old: Config, new: Config) -> list[str]:
         changed.append("limits.max_body_bytes")
     if new.drain_timeout_s != old.drain_timeout_s:
         changed.append("drain_timeout_s")
+    if new.server != old.server:
+        changed.append("server")
     if new.state != old.state:
         changed.append("state")
     return changed
@@ -45,7 +47,7 @@ def kept_for_restart(old: Config, new: Config) -> Config:
     """``new`` with the settings only a restart applies as they are now."""
     return dataclasses.replace(
         new, listen=old.listen, access_log=old.access_log, drain_timeout_s=old.drain_timeout_s,
-        state=old.state,
+        server=old.server, state=old.state,
         limits=dataclasses.replace(new.limits, max_body_bytes=old.limits.max_body_bytes))
 
 
