@@ -88,6 +88,16 @@ def test_the_drivers_rooms_import_only_downwards(room: str) -> None:
     assert wrong == []
 
 
+def test_only_the_call_path_ops_and_the_root_reach_into_the_service() -> None:
+    """``call.service.Service`` is the call path's own object; ``ops`` shows and reloads
+    all of it. Work that can wait is handed what it uses (``Work(owner_of=, serves=)``)."""
+    reaching = sorted(
+        str(path.relative_to(ROOT)) for path in (PACKAGE / "http").rglob("*.py")
+        if any(module == "proxy.http.call.service" for _, module in proxy_imports(path))
+        and path.parent.name not in ("call", "ops", "server"))
+    assert reaching == []
+
+
 def test_every_module_of_the_driver_is_in_a_room() -> None:
     loose = [p.name for p in (PACKAGE / "http").glob("*.py") if p.name != "__init__.py"]
     rooms = {p.name for p in (PACKAGE / "http").iterdir() if p.is_dir()} - {"__pycache__"}

@@ -78,7 +78,9 @@ def build_app(
                           counter or TokenCounter.load(), make_upstream=upstream_factory,
                           internal_token=internal_token)
         app[SERVICE] = service
-        app[WORK] = Work(config, service.clock, service.internal_token, service.metrics)
+        app[WORK] = Work(config, service.clock, service.internal_token, service.metrics,
+                         owner_of=lambda headers: service.auth.authenticate(headers).name,
+                         serves=lambda model: model in service.config.models)
         await service.start()
         service.apply_schedule()
         yield

@@ -1,6 +1,6 @@
 """The OpenAI Batch API (``/v1/files``, ``/v1/batches``) and background responses
 (``POST /v1/responses`` with ``background: true``, ``GET``/``cancel`` by id), served from the
-store and run by ``proxy.http.work``. The key that created a file, batch or response owns
+store and run by ``proxy.http.work.runner``. The key that created a file, batch or response owns
 it: any other key gets 404."""
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from ...core.batchfile import ENDPOINTS, read_lines
 from ...core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ...core.request import Call
 from ..base.edge import Incoming
-from ..call.service import SERVICE
 from .runner import WORK, Work, new_id
 
 MAX_LIST = 100
@@ -38,8 +37,8 @@ def _json(data: object, status: int = 200) -> web.Response:
 
 
 def _caller(request: web.Request) -> tuple[str, Work]:
-    principal = request.app[SERVICE].auth.authenticate(request.headers)
-    return principal.name, request.app[WORK]
+    work = request.app[WORK]
+    return work.owner_of(request.headers), work
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -246,7 +245,7 @@ async def _background(request: Incoming, owner: str, call: Call) -> web.Response
     if call.stream:
         raise InvalidRequest(f"background calls cannot stream here; poll GET {path}/{{id}}.",
                              param="stream")
-    if call.model not in request.app[SERVICE].config.models:
+    if not work.serves(call.model):
         raise InvalidRequest("model: not served by this proxy.", param="model")
     encoded = orjson.dumps({k: v for k, v in call.body.items() if k != "background"})
     await work.check_room(len(encoded))

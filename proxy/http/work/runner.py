@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +58,16 @@ def new_id(prefix: str) -> str:
 
 
 class Work:
-    def __init__(self, config: Config, clock: Clock, token: str,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(self, config: Config, clock: Clock, token: str, metrics: Metrics,
+                 owner_of: Callable[[Mapping[str, str]], str],
+                 serves: Callable[[str], bool]) -> None:
+        """``owner_of``: the name of the key a request's headers authenticate (raises
+        InvalidApiKey); ``serves``: whether a public model name is in the routing table.
+        Both follow reloads, as the call path's own do."""
         self.config = config
-        self.metrics = metrics or Metrics()
+        self.owner_of = owner_of
+        self.serves = serves
+        self.metrics = metrics
         self.clock = clock
         self._token = token
         self._store: AsyncStore | None = None
