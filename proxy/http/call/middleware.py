@@ -98,6 +98,12 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
         if record.tier is not None and exc.status in (429, 503):
             service.metrics.rejections.get(record.tier, exc.code).inc()
         return error_response(exc, request_id, record.tier)
+    except web.RequestPayloadError as exc:  # a body that cannot be decoded (bad gzip)
+        # aiohttp words it "400, message:\n  Can not decode content-encoding: gzip".
+        reason = (str(exc).strip().splitlines() or ["undecodable"])[-1].strip()
+        error: ProxyError = InvalidRequest(f"The request body could not be read ({reason}).")
+        status, record.code = error.status, error.code
+        return error_response(error, request_id, record.tier)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from ...core.batchdoc import (
@@ -60,11 +61,29 @@ async def create_file(request: web.Request) -> web.Response:
 
 
 async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
-    limit = work.config.batch.max_file_bytes
     try:
-        reader = await request.multipart()
-    except (AssertionError, ValueError, KeyError):
-        raise InvalidRequest("Send the file as multipart/form-data.") from None
+        purpose, filename, content = await _read_form(request, work.config.batch.max_file_bytes)
+    except (AssertionError, ValueError, LookupError, HttpProcessingError) as exc:
+        # aiohttp's multipart reader refuses a wrong boundary, a truncated body or a bad
+        # part header with these ("Could not find starting boundary", "Invalid HTTP header").
+        reason = (exc.message if isinstance(exc, HttpProcessingError) else str(exc)) or "bad form"
+        raise InvalidRequest(f"Send the file as multipart/form-data ({reason}).") from None
+    if purpose != "batch":
+        raise InvalidRequest("purpose: this proxy stores files for batches only (batch).",
+                             param="purpose")
+    if not content:
+        raise InvalidRequest("file: missing or empty.", param="file")
+    await work.check_room(len(content))
+    row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename,
+           "created_at": int(work.clock.wall())}
+    await work.store().add_file(row, bytes(content))
+    return _json(file_doc({**row, "bytes": len(content)}))
+
+
+async def _read_form(request: web.Request, limit: int) -> tuple[str | None, str, bytearray]:
+    """The ``purpose`` and ``file`` parts of an upload, read whole: (purpose, file name,
+    content). Anything malformed in it raises from aiohttp's reader, to be answered 400."""
+    reader = await request.multipart()
     purpose: str | None = None
     filename, content = "", bytearray()
     while (part := await reader.next()) is not None:
@@ -79,16 +98,7 @@ async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
                 if len(content) > limit:
                     raise RequestTooLarge(f"The file is larger than {limit} bytes "
                                           "(batch.max_file_bytes).")
-    if purpose != "batch":
-        raise InvalidRequest("purpose: this proxy stores files for batches only (batch).",
-                             param="purpose")
-    if not content:
-        raise InvalidRequest("file: missing or empty.", param="file")
-    await work.check_room(len(content))
-    row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename,
-           "created_at": int(work.clock.wall())}
-    await work.store().add_file(row, bytes(content))
-    return _json(file_doc({**row, "bytes": len(content)}))
+    return purpose, filename, content
 
 
 async def _file(request: web.Request) -> tuple[str, Work, dict[str, Any]]:
