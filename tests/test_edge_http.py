@@ -127,8 +127,8 @@ async def test_non_utf8_priority_and_request_id_are_ignored(
         b"\r\nx-request-id: \xc3\x28", orjson.dumps(CHAT))
     assert status == 200, answer
     assert b"x-proxy-tier: normal" in answer.lower()
-    assert {k.lower(): v for k, v in fake.seen[0].headers.items()}["x-request-id"].startswith(
-        "req_")
+    sent = {k.lower(): v for k, v in fake.seen[0].headers.items()}
+    assert sent["x-client-request-id"].startswith("req_") and "x-request-id" not in sent
 
 
 @pytest.mark.parametrize(("given", "kept"), [
@@ -145,7 +145,11 @@ async def test_only_a_valid_client_request_id_is_echoed_and_forwarded(
     assert resp.status == 200
     echoed = resp.headers["x-request-id"]
     assert (echoed == given) is kept
-    assert {k.lower(): v for k, v in fake.seen[0].headers.items()}["x-request-id"] == echoed
+    sent = {k.lower(): v for k, v in fake.seen[0].headers.items()}
+    # Upstream, the call's id is X-Client-Request-Id; the client's own x-request-id goes
+    # too, only when it sent a valid one.
+    assert sent["x-client-request-id"] == echoed
+    assert sent.get("x-request-id") == (given if kept else None)
 
 
 async def test_embeddings_refuse_to_stream(
