@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -113,6 +114,16 @@ async def test_sdk_against_the_simulated_provider_chat_and_embeddings(
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == reply.choices[0].message.content
+    # The SDK asks for base64 by default (as the Node SDK does) and decodes it: the numbers
+    # are the provider's, whichever encoding was asked for.
     vectors = await client.embeddings.create(model="small", input=["a", "b"])
+    floats = await client.embeddings.create(model="small", input=["a", "b"],
+                                            encoding_format="float")
     assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 8
+    for decoded, given in zip(vectors.data, floats.data, strict=True):
+        assert decoded.embedding == pytest.approx(given.embedding, abs=1e-6)
+    assert vectors.data[0].embedding != vectors.data[1].embedding
+    raw = await client.embeddings.with_raw_response.create(
+        model="small", input="a", encoding_format="base64")
+    assert isinstance(orjson.loads(raw.content)["data"][0]["embedding"], str)
     await client.close()

@@ -12,7 +12,9 @@ a stream is generated as it goes, so memory stays bounded. With ``capacity`` set
 from __future__ import annotations
 
 import asyncio
+import binascii
 import random
+import struct
 import zlib
 from collections.abc import AsyncIterator, Mapping
 
@@ -48,7 +50,8 @@ class SimulatedUpstream:
         if not isinstance(body, dict):
             return _error_response(400, "invalid_request", "body must be an object")
         if request.path == "/embeddings":
-            return _embedding_response(request.model, body.get("input"))
+            return _embedding_response(request.model, body.get("input"),
+                                       body.get("encoding_format") == "base64")
         shape = ANSWERS.get(request.path)
         if shape is None:
             return _error_response(404, "not_found", f"no {request.path} here")
@@ -79,15 +82,16 @@ def _prompt_tokens(body: dict[str, object]) -> int:
     return -(-chars // 4)
 
 
-def _embedding_response(model: str, given: object) -> SimulatedResponse:
-    """Deterministic 8-dimensional vectors, one per input."""
+def _embedding_response(model: str, given: object, base64: bool) -> SimulatedResponse:
+    """Deterministic 8-dimensional vectors, one per input; with ``encoding_format:
+    base64``, as OpenAI sends them then: the little-endian float32 bytes in base64."""
     inputs = given if isinstance(given, list) else [given]
-    data = [
-        {"object": "embedding", "index": i,
-         "embedding": [((zlib.crc32(str(text).encode()) >> (4 * d)) % 1000) / 1000
-                       for d in range(8)]}
-        for i, text in enumerate(inputs)
-    ]
+    vectors = [[((zlib.crc32(str(text).encode()) >> (4 * d)) % 1000) / 1000 for d in range(8)]
+               for text in inputs]
+    data = [{"object": "embedding", "index": i,
+             "embedding": (binascii.b2a_base64(struct.pack("<8f", *vector), newline=False)
+                           .decode("ascii") if base64 else vector)}
+            for i, vector in enumerate(vectors)]
     tokens = sum(-(-len(str(text)) // 4) for text in inputs)
     body = orjson.dumps({"object": "list", "data": data, "model": model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
