@@ -14,6 +14,7 @@ import functools
 import re
 import ssl
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Protocol
 from urllib.parse import urlencode
 
@@ -21,7 +22,7 @@ from yarl import URL
 
 from ...core.provider import EgressProxy, Timeouts
 from ...core.value import value
-from .wire import Connection, Origin
+from .wire import Connection, Origin, StaleConnection
 
 
 @value
@@ -97,14 +98,21 @@ class HttpUpstream:
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
         budget = timeouts.first_byte_s if request.stream else timeouts.response_s
         deadline = asyncio.get_running_loop().time() + budget
-        connect_s = timeouts.connect_s
-        conn = await self._origin.connection(budget if budget < connect_s else connect_s)
+        connect_s = budget if budget < timeouts.connect_s else timeouts.connect_s
+        conn = await self._origin.connection(connect_s)
+        head = self._head(request)
+        call = partial(Connection.call, head=head, body=request.body, stream=request.stream,
+                       deadline=deadline, budget_s=budget, idle_s=timeouts.idle_s,
+                       max_bytes=self._max_response_bytes)
         try:
-            await conn.call(self._head(request), request.body, stream=request.stream,
-                            deadline=deadline, budget_s=budget, idle_s=timeouts.idle_s,
-                            max_bytes=self._max_response_bytes)
+            try:
+                await call(conn)
+            except StaleConnection:  # closed by the server while idle: once more, fresh
+                conn.release()
+                conn = await self._origin.connection(connect_s, fresh=True)
+                await call(conn)
         except BaseException:
-            conn.release()
+            conn.release()  # at most once: a released connection ignores it
             raise
         return HttpResponse(conn)
 
