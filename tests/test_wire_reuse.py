@@ -20,7 +20,7 @@ from proxy.http.upstream import wire
 from proxy.http.upstream.upstream import HttpUpstream
 
 from .conftest import config_from
-from .test_wire import OK, QUICK, call, raw_server, read_request
+from .test_wire import OK, call, raw_server, read_request
 
 Factory = Callable[..., Awaitable[Any]]
 ANSWER = (b'{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
