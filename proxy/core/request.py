@@ -96,11 +96,17 @@ def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
 
 
 def _completions(call: Call, counter: TokenCounter, exact: int) -> None:
-    prompt = call.body.get("prompt")
-    if not isinstance(prompt, str | list) or not prompt:
+    # OpenAI's spec: ``prompt`` is required but may be null (the model's own start of
+    # text); ``max_tokens`` may be 0 (with ``echo``, the prompt's log probabilities).
+    if "prompt" not in call.body:
+        raise InvalidRequest("'prompt' is required.", param="prompt")
+    prompt = call.body["prompt"]
+    if prompt is None:
+        prompt = ""
+    elif not isinstance(prompt, str | list) or not prompt:
         raise InvalidRequest(
-            "'prompt' is required and must be a non-empty string or array.", param="prompt")
-    call.max_tokens = _positive_int(call.body, "max_tokens")
+            "'prompt' must be a non-empty string or array, or null.", param="prompt")
+    call.max_tokens = _positive_int(call.body, "max_tokens", minimum=0)
     call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1
     call.prompt_tokens = counter.count_input(prompt, exact)
     call.last_user_message = prompt if isinstance(prompt, str) else ""
@@ -184,12 +190,17 @@ def _check_shape(raw: bytes, limits: BodyLimits) -> None:
             f"The request body nests arrays and objects deeper than {limits.max_depth} levels.")
 
 
-def _positive_int(body: dict[str, Any], name: str, maximum: int | None = None) -> int | None:
+def _positive_int(body: dict[str, Any], name: str, maximum: int | None = None,
+                  minimum: int = 1) -> int | None:
+    """An integer field (JSON Schema's integer: ``100.0`` is one); None if absent."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise InvalidRequest(f"'{name}' must be {expected}.", param=name)
     if maximum is not None and value > maximum:
         raise InvalidRequest(f"'{name}' must be at most {maximum}.", param=name)
     return value
