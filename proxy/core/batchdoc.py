@@ -4,6 +4,7 @@ objects, background response objects. Pure: times are passed in (epoch seconds).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -73,11 +74,13 @@ def background_path(response_id: str) -> str:
     return "/v1/chat/completions" if response_id.startswith(CHAT_PREFIX) else "/v1/responses"
 
 
-def response_doc(response_id: str, now: int, status: str, model: object,
+def response_doc(response_id: str, now: int, status: str, request: Mapping[str, Any],
                  answer: dict[str, Any] | None = None,
                  error: dict[str, str] | None = None) -> dict[str, Any]:
     """A background response (or chat completion) as ``GET`` by its id shows it: the
-    upstream's answer under this id once there is one, else a shell with the status."""
+    upstream's answer under this id once there is one, else a shell with the status and
+    every field OpenAI's Response object requires, as the request set them."""
+    model = request.get("model")
     if answer is not None:
         return {**answer, "id": response_id, "background": True, "status": status}
     if response_id.startswith(CHAT_PREFIX):
@@ -85,4 +88,13 @@ def response_doc(response_id: str, now: int, status: str, model: object,
                 "status": status, "background": True, "model": model, "choices": [],
                 "error": error}
     return {"id": response_id, "object": "response", "created_at": now, "status": status,
-            "background": True, "model": model, "output": [], "error": error}
+            "background": True, "model": model, "output": [], "error": error,
+            "incomplete_details": None, "usage": None,
+            **{name: request.get(name, default) for name, default in _RESPONSE_ECHOED}}
+
+
+# What a Response echoes of its request, and OpenAI's defaults for what it left out.
+_RESPONSE_ECHOED: tuple[tuple[str, Any], ...] = (
+    ("instructions", None), ("tools", []), ("tool_choice", "auto"),
+    ("parallel_tool_calls", True), ("metadata", {}), ("temperature", None), ("top_p", None),
+    ("max_output_tokens", None), ("previous_response_id", None))

@@ -36,7 +36,8 @@ class Answer:
         return orjson.dumps({
             "id": self.id, "object": self.object_name, "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0,
+                         "message": {"role": "assistant", "content": text, "refusal": None},
                          "logprobs": None, "finish_reason": "length"}],
             "usage": self.usage(),
         })

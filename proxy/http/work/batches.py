@@ -26,6 +26,7 @@ from ...core.batchdoc import (
 from ...core.batchfile import ENDPOINTS, read_lines
 from ...core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ...core.request import Call
+from ...store.sqlite import MAX_FILES_LISTED
 from ..base.edge import Incoming
 from .runner import WORK, Work, new_id
 
@@ -123,12 +124,40 @@ async def file_content(request: web.Request) -> web.Response:
 
 
 async def list_files(request: web.Request) -> web.Response:
+    """OpenAI's list: ``purpose``, ``order`` (``desc``, newest first, or ``asc``),
+    ``limit`` (1 to 10,000) and ``after`` (a file id: the ones after it in that order)."""
     owner, work = _caller(request)
-    purpose = request.query.get("purpose")
+    query = request.query
+    purpose, order, after = query.get("purpose"), query.get("order", "desc"), query.get("after")
+    limit = _limit(query.get("limit"), MAX_FILES_LISTED, MAX_FILES_LISTED)
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order: asc or desc.", param="order")
     rows = [row for row in await work.store().files(owner)
             if purpose in (None, row["purpose"])]
-    return _json({"object": "list", "data": [file_doc(row) for row in rows],
-                  "has_more": False})
+    if order == "asc":
+        rows.reverse()
+    if after is not None:
+        at = next((i for i, row in enumerate(rows) if row["id"] == after), None)
+        if at is None:
+            raise InvalidRequest(f"after: no file {after[:64]!r} here.", param="after")
+        rows = rows[at + 1:]
+    data = [file_doc(row) for row in rows[:limit]]
+    return _json({"object": "list", "data": data,
+                  "first_id": data[0]["id"] if data else None,
+                  "last_id": data[-1]["id"] if data else None,
+                  "has_more": len(rows) > limit})
+
+
+def _limit(given: str | None, default: int, most: int) -> int:
+    if given is None:
+        return default
+    try:
+        limit = int(given)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= most:
+        raise InvalidRequest(f"limit: an integer from 1 to {most}.", param="limit")
+    return limit
 
 
 async def delete_file(request: web.Request) -> web.Response:
@@ -210,10 +239,7 @@ async def get_batch(request: web.Request) -> web.Response:
 
 async def list_batches(request: web.Request) -> web.Response:
     owner, work = _caller(request)
-    try:
-        limit = min(max(int(request.query.get("limit", "20")), 1), MAX_LIST)
-    except ValueError:
-        raise InvalidRequest("limit: an integer from 1 to 100.", param="limit") from None
+    limit = _limit(request.query.get("limit"), 20, MAX_LIST)
     docs = await work.store().batches(owner, request.query.get("after"), limit + 1)
     data = [orjson.loads(doc) for doc in docs[:limit]]
     return _json({"object": "list", "data": data,
@@ -261,7 +287,7 @@ async def _background(request: Incoming, owner: str, call: Call) -> web.Response
     await work.check_room(len(encoded))
     response_id = new_id(CHAT_PREFIX if call.kind == "chat" else "resp_")
     now = int(work.clock.wall())
-    doc = response_doc(response_id, now, "queued", call.model)
+    doc = response_doc(response_id, now, "queued", call.body)
     await work.store().add_response(response_id, owner, now, encoded, orjson.dumps(doc))
     work.run_response(response_id)
     answer = _json(doc)

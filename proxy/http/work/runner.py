@@ -361,10 +361,10 @@ class Work:
         if found is None:
             return
         owner, created, request = found
-        model = orjson.loads(request).get("model")
+        asked = orjson.loads(request)
 
         def doc(status: str, **extra: Any) -> bytes:
-            return orjson.dumps(response_doc(response_id, created, status, model, **extra))
+            return orjson.dumps(response_doc(response_id, created, status, asked, **extra))
 
         live = ("queued", "in_progress")
         if not await store.set_response(response_id, "in_progress", doc("in_progress"),
