@@ -14,6 +14,8 @@ from proxy.http import forward
 from proxy.http.front import FrontRunner
 from proxy.http.state import LIFECYCLE
 
+from .markers import classify, unit_stays_in_process  # noqa: F401 (an autouse fixture)
+
 
 @pytest.fixture(scope="session")
 def counter() -> TokenCounter:
@@ -82,3 +84,7 @@ async def aiohttp_client() -> AsyncIterator[Callable[..., Any]]:
     yield go
     while clients:
         await clients.pop().close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    classify(items)  # unit or e2e, redis and browser: see tests/markers.py
