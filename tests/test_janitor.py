@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from proxy.http.drain import Lifecycle
 from proxy.http.janitor import Janitor, _malloc_trim
 
@@ -35,7 +37,34 @@ async def test_it_sweeps_only_when_idle_after_enough_calls() -> None:
     assert janitor.sweeps == 1  # one call is not a burst
 
 
-def test_the_heap_can_be_trimmed_here() -> None:
+async def test_where_there_is_no_trim_it_still_collects() -> None:
+    lifecycle, done = Lifecycle(), []
+    bare = Janitor(lifecycle, min_calls=1, collect=lambda: done.append("collect"), trim=None)
+    with lifecycle.call():
+        pass
+    assert not bare.tick() and bare.tick()  # quiet for a whole tick: a sweep, no trim
+    assert done == ["collect"] and bare.sweeps == 1
+
+
+class Libc:
+    def __init__(self) -> None:
+        self.trimmed: list[int] = []
+
+    def malloc_trim(self, pad: int) -> int:
+        self.trimmed.append(pad)
+        return 1
+
+
+def test_the_heap_is_trimmed_by_malloc_trim_0_where_the_c_library_has_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    libc = Libc()
+    monkeypatch.setattr("ctypes.util.find_library", lambda name: "libc.so.6")
+    monkeypatch.setattr("ctypes.CDLL", lambda name: libc)
     trim = _malloc_trim()
-    assert trim is not None
+    assert trim is not None and libc.trimmed == []  # found, not called yet
     trim()
+    assert libc.trimmed == [0]  # keep no padding at the top of the heap
+    monkeypatch.setattr("ctypes.CDLL", lambda name: object())  # a libc without it (musl)
+    assert _malloc_trim() is None
+    monkeypatch.setattr("ctypes.util.find_library", lambda name: None)  # no C library found
+    assert _malloc_trim() is None
