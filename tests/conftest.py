@@ -14,7 +14,7 @@ from proxy.http import forward
 from proxy.http.front import FrontRunner
 from proxy.http.state import LIFECYCLE
 
-from .markers import classify, unit_stays_in_process  # noqa: F401 (an autouse fixture)
+from .markers import classify, fewer_examples, unit_stays_in_process  # noqa: F401 (autouse)
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +88,7 @@ async def aiohttp_client() -> AsyncIterator[Callable[..., Any]]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     classify(items)  # unit or e2e, redis and browser: see tests/markers.py
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    fewer_examples(session.config, session.items)  # once -m has deselected

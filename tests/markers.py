@@ -9,7 +9,11 @@
 4. ``redis`` and ``browser`` need sockets, so they are ``e2e``; anything else is ``unit``.
 
 A ``unit`` test that opens a socket or starts a process fails, saying so: the table cannot
-drift from what the tests do."""
+drift from what the tests do.
+
+A run whose ``-m`` selects unit tests only (``scripts/test -m unit``) is the fast subset:
+Hypothesis tries a fifth of the examples each property asks for (at least 10; a failure it
+found before is still replayed first from ``.hypothesis/``). Every other run tries them all."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 KINDS = ("unit", "e2e")
 NEEDS = ("redis", "browser")
@@ -63,6 +68,34 @@ def classify(items: list[pytest.Item]) -> None:
     if wrong:
         raise pytest.UsageError("each test must be exactly one of unit or e2e (redis and "
                                 "browser only with e2e):\n  " + "\n  ".join(wrong))
+
+
+FEWER = 5
+AT_LEAST = 10
+
+
+def fewer_examples(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a ``-m`` run of unit tests only, a fifth of each property's examples."""
+    if not config.getoption("markexpr") or not items or any(
+            item.get_closest_marker("unit") is None for item in items):
+        return
+    done: set[int] = set()
+    for item in items:
+        case = getattr(item, "cls", None)
+        machine = getattr(case, "settings", None)  # a stateful machine's TestCase.settings
+        test = getattr(item, "function", None)
+        # @given keeps the test's settings here (Hypothesis's own @seed rewrites it so).
+        given = getattr(test, "_hypothesis_internal_use_settings", None)
+        if getattr(test, "is_hypothesis_test", False) and given is machine is None:
+            raise pytest.UsageError(f"{item.nodeid}: Hypothesis no longer keeps a test's "
+                                    "settings where tests/markers.py looks for them")
+        for owner, name, found in ((case, "settings", machine),
+                                   (test, "_hypothesis_internal_use_settings", given)):
+            if isinstance(found, settings) and id(owner) not in done:
+                done.add(id(owner))
+                fewer = max(AT_LEAST, found.max_examples // FEWER)
+                setattr(owner, name, settings(found, max_examples=min(found.max_examples,
+                                                                       fewer)))
 
 
 class StaysInProcess(AssertionError):
