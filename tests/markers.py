@@ -72,6 +72,7 @@ def classify(items: list[pytest.Item]) -> None:
 
 FEWER = 5
 AT_LEAST = 10
+GIVEN = "_hypothesis_internal_use_settings"  # where @given keeps them (@seed rewrites it so)
 
 
 def fewer_examples(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -81,21 +82,19 @@ def fewer_examples(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     done: set[int] = set()
     for item in items:
-        case = getattr(item, "cls", None)
-        machine = getattr(case, "settings", None)  # a stateful machine's TestCase.settings
-        test = getattr(item, "function", None)
-        # @given keeps the test's settings here (Hypothesis's own @seed rewrites it so).
-        given = getattr(test, "_hypothesis_internal_use_settings", None)
-        if getattr(test, "is_hypothesis_test", False) and given is machine is None:
-            raise pytest.UsageError(f"{item.nodeid}: Hypothesis no longer keeps a test's "
-                                    "settings where tests/markers.py looks for them")
-        for owner, name, found in ((case, "settings", machine),
-                                   (test, "_hypothesis_internal_use_settings", given)):
-            if isinstance(found, settings) and id(owner) not in done:
-                done.add(id(owner))
-                fewer = max(AT_LEAST, found.max_examples // FEWER)
-                setattr(owner, name, settings(found, max_examples=min(found.max_examples,
-                                                                       fewer)))
+        case, test = getattr(item, "cls", None), getattr(item, "function", None)
+        # A stateful machine's settings are its TestCase's; a property's, its function's.
+        owner, name = (case, "settings") if hasattr(case, "settings") else (test, GIVEN)
+        found = getattr(owner, name, None)
+        if not isinstance(found, settings):
+            if getattr(test, "is_hypothesis_test", False):
+                raise pytest.UsageError(f"{item.nodeid}: Hypothesis no longer keeps a "
+                                        "test's settings where tests/markers.py looks")
+            continue
+        if id(owner) not in done:  # once for all of a parametrized test's items
+            done.add(id(owner))
+            fewer = min(found.max_examples, max(AT_LEAST, found.max_examples // FEWER))
+            setattr(owner, name, settings(found, max_examples=fewer))
 
 
 class StaysInProcess(AssertionError):
