@@ -4,8 +4,7 @@ a call is in progress, never for a handful of calls."""
 from __future__ import annotations
 
 import asyncio
-
-import pytest
+from unittest import mock
 
 from proxy.http.drain import Lifecycle
 from proxy.http.janitor import Janitor, _malloc_trim
@@ -55,16 +54,15 @@ class Libc:
         return 1
 
 
-def test_the_heap_is_trimmed_by_malloc_trim_0_where_the_c_library_has_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_heap_is_trimmed_by_malloc_trim_0_where_the_c_library_has_one() -> None:
     libc = Libc()
-    monkeypatch.setattr("ctypes.util.find_library", lambda name: "libc.so.6")
-    monkeypatch.setattr("ctypes.CDLL", lambda name: libc)
-    trim = _malloc_trim()
-    assert trim is not None and libc.trimmed == []  # found, not called yet
-    trim()
-    assert libc.trimmed == [0]  # keep no padding at the top of the heap
-    monkeypatch.setattr("ctypes.CDLL", lambda name: object())  # a libc without it (musl)
-    assert _malloc_trim() is None
-    monkeypatch.setattr("ctypes.util.find_library", lambda name: None)  # no C library found
-    assert _malloc_trim() is None
+    with mock.patch("ctypes.util.find_library", return_value="libc.so.6"):
+        with mock.patch("ctypes.CDLL", return_value=libc):
+            trim = _malloc_trim()
+        assert trim is not None and libc.trimmed == []  # found, not called yet
+        trim()
+        assert libc.trimmed == [0]  # keep no padding at the top of the heap
+        with mock.patch("ctypes.CDLL", return_value=object()):  # a libc without it (musl)
+            assert _malloc_trim() is None
+    with mock.patch("ctypes.util.find_library", return_value=None):  # no C library found
+        assert _malloc_trim() is None
