@@ -17,6 +17,8 @@ from proxy.http.call import forward
 from proxy.http.server.front import FrontRunner
 from proxy.http.upstream import upstream as upstream_module
 
+from .markers import classify, fewer_examples, unit_stays_in_process  # noqa: F401 (autouse)
+
 
 @pytest.fixture(scope="session")
 def counter() -> TokenCounter:
@@ -100,3 +102,11 @@ async def aiohttp_client() -> AsyncIterator[Callable[..., Any]]:
     yield go
     while clients:
         await clients.pop().close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    classify(items)  # unit or e2e, redis and browser: see tests/markers.py
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    fewer_examples(session.config, session.items)  # once -m has deselected

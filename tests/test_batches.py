@@ -83,7 +83,7 @@ async def serve(aiohttp_server: Factory, config: Any, counter: TokenCounter,
     return Proxy(server, upstream or FakeUpstream())
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 async def start(request: pytest.FixtureRequest, aiohttp_server: Factory, counter: TokenCounter,
                 tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
     """A proxy whose store is SQLite, or Redis (with the redis state backend)."""
@@ -491,6 +491,7 @@ async def test_two_workers_on_one_store_run_each_batch_once(
     assert len(upstream.seen) < 40  # cancelled before every line ran; none ran twice
 
 
+@pytest.mark.redis
 async def test_with_redis_any_replica_serves_a_batch_and_takes_over_a_dead_ones_lines(
         aiohttp_server: Factory, counter: TokenCounter) -> None:
     upstream = FakeUpstream(hold_s=0.05)
@@ -522,6 +523,7 @@ async def test_with_redis_any_replica_serves_a_batch_and_takes_over_a_dead_ones_
         assert set(output) == {f"r{i}" for i in range(60)}
 
 
+@pytest.mark.redis
 async def test_a_store_that_cannot_be_reached_is_a_503_and_nothing_crashes(
         aiohttp_server: Factory, counter: TokenCounter) -> None:
     server = PrivateRedis()
@@ -597,6 +599,7 @@ async def test_a_background_chat_completion_is_answered_by_id(start: Any) -> Non
                                              extra_body={"background": True})
 
 
+@pytest.mark.redis
 def test_a_runner_that_lost_its_lease_can_neither_answer_nor_end_lines() -> None:
     with prefixed() as (client, prefix):
         settings = StateSettings(backend="redis", url=URL, prefix=prefix)

@@ -125,6 +125,7 @@ def documentation() -> str:
     return "\n".join(page.read_text() for page in pages)
 
 
+@pytest.mark.e2e  # bash in a subprocess
 def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> None:
     readme = documentation()
     recipe = next(line.split("#")[0] for line in readme.splitlines()
@@ -221,6 +222,7 @@ def test_unwritten_tier_weights_halve_down_the_list_and_zero_is_background() -> 
     assert spread_off.scheduler.headroom_spread is None
 
 
+@pytest.mark.e2e  # the command line, in a subprocess
 def test_cli_check_prints_summary_and_exits_0() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "check", "--config", str(ROOT / "routing.yaml")],
@@ -230,6 +232,7 @@ def test_cli_check_prints_summary_and_exits_0() -> None:
     assert "ok" in result.stdout and "gpt-4o-mini" in result.stdout
 
 
+@pytest.mark.e2e  # the command line, in a subprocess
 @pytest.mark.parametrize("command", ["check", "serve"])
 def test_cli_exits_2_on_a_bad_config(tmp_path: Path, command: str) -> None:
     bad = tmp_path / "bad.yaml"
@@ -304,6 +307,7 @@ def test_the_version_is_a_digest_of_the_file(tmp_path: Path) -> None:
     assert load_config(path, env={}).version != first
 
 
+@pytest.mark.e2e  # the command line, in a subprocess
 def test_cli_prints_its_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "--version"],

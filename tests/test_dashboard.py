@@ -144,6 +144,7 @@ async def test_events_are_pushed_every_second_and_end_at_drain(
     assert seen == sorted(set(seen)) and all(len(e["points"]) <= 2 for e in events[1:])
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not found: install "
                     "Debian's chromium (.ci/run does)")
 async def test_the_page_shows_what_the_proxy_did(

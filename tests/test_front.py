@@ -137,7 +137,9 @@ def test_whatever_the_spaces_a_head_is_read_in_linear_time(field: bytes) -> None
     started = time.perf_counter()
     for _ in range(10):
         read_head(data)
-    assert time.perf_counter() - started < 0.05
+    # Measured: about 1 ms for the ten. Quadratic in the 8,000 spaces would be tens of
+    # millions of steps a read, seconds for the ten; 0.5 s leaves room for a loaded machine.
+    assert time.perf_counter() - started < 0.5
 
 
 Reading = tuple[list[tuple[str, str]], int, bool]  # headers, body length, keep-alive

@@ -52,7 +52,9 @@ async def test_breaker_opens_then_answers_fast_503_with_retry_after(
     assert len(dead.seen) == 3
     started = time.perf_counter()
     resp = await client.post("/v1/chat/completions", json=CHAT)
-    assert time.perf_counter() - started < 0.1
+    # Fast: not queued until the tier's max_wait (120 s) nor the 30 s cooldown; measured in
+    # milliseconds, 2 s is generous on a loaded machine.
+    assert time.perf_counter() - started < 2.0
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "upstream_unavailable"
     assert 20 <= int(resp.headers["retry-after"]) <= 40
@@ -229,6 +231,8 @@ async def test_requeued_for_a_rate_limit_the_tier_deadline_still_holds(
 
     results = await asyncio.gather(*(timed() for _ in range(5)))
     assert {status for status, _ in results} == {200, 503}
+    # One-sided and kept tight on purpose: a re-queue that restarted the wait would end
+    # at the next token (2 s) or a second 1.5 s, so more slack would stop seeing it.
     assert max(elapsed for _, elapsed in results) < 1.5 + 0.4
 
 

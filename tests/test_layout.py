@@ -123,6 +123,7 @@ print(json.dumps(sorted(
 """
 
 
+@pytest.mark.e2e  # a fresh interpreter, in a subprocess
 def test_core_pulls_in_no_io_library_even_indirectly() -> None:
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *IO_LIBRARIES], capture_output=True, text=True,
@@ -132,6 +133,7 @@ def test_core_pulls_in_no_io_library_even_indirectly() -> None:
     assert json.loads(result.stdout) == []
 
 
+@pytest.mark.e2e  # a fresh interpreter, in a subprocess
 def test_the_probe_would_see_a_forbidden_import() -> None:
     result = subprocess.run(
         [sys.executable, "-c", PROBE.replace("import proxy.core", "import proxy.core, asyncio"),

@@ -285,6 +285,7 @@ async def test_reload_needs_the_admin_key_and_a_file(
         "error"]["message"]
 
 
+@pytest.mark.e2e  # `serve` in a subprocess
 async def test_sighup_reloads_the_real_server(tmp_path: Path) -> None:
     path = tmp_path / "routing.yaml"
     sim = [{"name": "sim", "kind": "simulated", "max_concurrency": 2,

@@ -147,7 +147,9 @@ async def test_a_light_key_is_not_queued_behind_another_keys_burst(
     """Two keys of one tier, one slot: a key's burst of 12 calls is queued; another key's
     call, sent after all of them, is the next one served; /admin/status and /metrics show
     each key's share of its tier and its waits."""
-    fake = FakeUpstream(hold_s=0.05)
+    # The first call holds the slot while 13 queue behind it (0.05 s, as the others take,
+    # was too short for that on a loaded machine).
+    fake = FakeUpstream(hold_s=1.0)
     keys = {"keys": [{"name": "heavy", "key": "heavy-secret", "tier": "normal"},
                      {"name": "light", "key": "light-secret", "tier": "normal"}]}
     server = await one_slot_proxy(aiohttp_server, counter, fake, classify=keys)
@@ -161,6 +163,7 @@ async def test_a_light_key_is_not_queued_behind_another_keys_burst(
         blocker = asyncio.create_task(session.post(url, json=chat("heavy"),
                                                    headers=as_key("heavy")))
         await until(lambda: fake.active == 1)
+        fake.hold_s = 0.05
         burst = [asyncio.create_task(session.post(url, json=chat("heavy"),
                                                   headers=as_key("heavy")))
                  for _ in range(12)]

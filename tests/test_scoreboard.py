@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,20 @@ from proxy.sim.scoreboard import Row, run
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class Board(dict[str, Row]):
+    """Each scenario's row, and the CPU time the whole board took."""
+
+    cpu_s = 0.0
+
+
+# The whole scoreboard, every workload through the simulator as `scripts/scoreboard` runs
+# it, takes 20-40 s: the policy end to end, so its tests are e2e (tests/markers.py).
 @pytest.fixture(scope="module")
-def board() -> dict[str, Row]:
-    return {name: run(build()) for name, build in BUILDERS.items()}
+def board() -> Board:
+    started = time.process_time()
+    rows = Board((name, run(build())) for name, build in BUILDERS.items())
+    rows.cpu_s = time.process_time() - started
+    return rows
 
 
 def test_the_library_has_the_workloads_the_policy_is_judged_on() -> None:
@@ -31,6 +43,7 @@ def test_the_library_has_the_workloads_the_policy_is_judged_on() -> None:
         assert name in BUILDERS
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_every_bound_holds(board: dict[str, Row], name: str) -> None:
     row = board[name]
@@ -38,6 +51,7 @@ def test_every_bound_holds(board: dict[str, Row], name: str) -> None:
     assert not failed, failed
 
 
+@pytest.mark.e2e
 def test_the_bounds_the_issue_names_are_checked_where_they_apply(board: dict[str, Row]) -> None:
     """Each kind of bound is required on at least one scenario, so none can pass by never
     applying."""
@@ -50,8 +64,10 @@ def test_the_bounds_the_issue_names_are_checked_where_they_apply(board: dict[str
     assert light.ok and light.required
 
 
-def test_the_whole_scoreboard_takes_seconds(board: dict[str, Row]) -> None:
-    assert sum(row.took_s for row in board.values()) < 90.0
+@pytest.mark.e2e
+def test_the_whole_scoreboard_takes_seconds(board: Board) -> None:
+    # CPU time: a loaded machine stretched the wall clock's 20-40 s to 126 s once.
+    assert board.cpu_s < 90.0
 
 
 def two_tiers(slots: int = 1) -> object:
@@ -104,6 +120,7 @@ def test_static_slots_idle_while_another_tier_waits() -> None:
     assert waits(calls, "static", slots=3) == [0.0, 1.0]  # low owns one slot of three
 
 
+@pytest.mark.e2e  # the command lines, in subprocesses
 def test_the_command_lines(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"t": i * 0.1, "prompt_tokens": 10,

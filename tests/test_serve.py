@@ -76,7 +76,7 @@ async def test_disconnects_free_the_slot_and_leave_the_queue(
         async def idle() -> bool:
             return inflight(await status(session, base)) == 0
 
-        await until(idle, timeout=1.0)
+        await until(idle, timeout=5.0)  # at once; the bound only for a loaded machine
         # The freed slot serves a new call at once: nothing ghost is dispatched before it.
         async with session.post(f"{base}/v1/chat/completions",
                                 json={**CHAT, "max_tokens": 2}) as fresh:
@@ -111,7 +111,7 @@ async def test_sigterm_under_load_drains_and_exits_0(tmp_path: Path) -> None:
             turned_away = await long
             assert turned_away.status == 503 and turned_away.headers["retry-after"] == "1"
             assert (await turned_away.json())["error"]["code"] == "shutting_down"
-            assert time.monotonic() - signalled < 0.5
+            assert time.monotonic() - signalled < 1.5  # at once, not at the 2 s timeout
             with pytest.raises(aiohttp.ClientConnectionError):
                 await session.get(f"{base}/readyz")  # the listener is closed
             served = await short
@@ -121,7 +121,7 @@ async def test_sigterm_under_load_drains_and_exits_0(tmp_path: Path) -> None:
             events = [e for e in cut.split("\n\n") if e]
             assert orjson.loads(events[-1][len("data: "):])["error"]["code"] == "shutting_down"
             assert "[DONE]" not in cut
-            assert 1.8 < time.monotonic() - signalled < 4.0
+            assert 1.8 < time.monotonic() - signalled < 8.0  # cut at 2 s, not ended at 10
         assert await asyncio.to_thread(process.wait, 20) == 0
 
 

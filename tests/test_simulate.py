@@ -145,6 +145,7 @@ def test_speed_compresses_arrivals() -> None:
         simulate(config, calls, speed=0)
 
 
+@pytest.mark.e2e  # the command line, in a subprocess
 def test_the_command_line(tmp_path: Path) -> None:
     config = tmp_path / "routing.yaml"
     config.write_text(json.dumps(CONFIG))

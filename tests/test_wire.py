@@ -230,7 +230,8 @@ async def test_deadlines_head_whole_answer_and_stream_idle() -> None:
             started = asyncio.get_running_loop().time()
             with pytest.raises(UpstreamTimeout, match=match):
                 await call(upstream, timeouts, stream=stream)
-            assert asyncio.get_running_loop().time() - started < 1.0
+            # The 0.2 s deadline, not the server's 5 s: generous for a loaded machine.
+            assert asyncio.get_running_loop().time() - started < 3.0
             await upstream.close()
 
 
