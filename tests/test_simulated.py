@@ -4,6 +4,7 @@ client asks."""
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import orjson
 
@@ -41,3 +42,23 @@ async def test_a_stream_is_generated_as_it_goes() -> None:
     tracemalloc.stop()
     await chunks.aclose()
     assert peak < 4 * 1024 * 1024 and sim.active == 0
+
+
+async def test_embeddings_take_text_or_tokens_one_input_or_several() -> None:
+    """As OpenAI's API reads ``input``: a list of integers is one input given as tokens
+    (what LangChain's OpenAIEmbeddings sends when it counts tokens itself)."""
+    sim = SimulatedUpstream("sim", FAST)
+
+    async def embed(given: object) -> dict[str, Any]:
+        body = orjson.dumps({"model": "x", "input": given})
+        answer = await sim.send(UpstreamRequest("/embeddings", body, "x", False, {}), Timeouts())
+        return dict(orjson.loads(await answer.read()))
+
+    tokens = await embed([64, 65, 66])
+    assert len(tokens["data"]) == 1 and tokens["usage"]["prompt_tokens"] == 3
+    several = await embed([[64, 65, 66], [1, 2]])
+    assert len(several["data"]) == 2 and several["usage"]["prompt_tokens"] == 5
+    assert several["data"][0]["embedding"] == tokens["data"][0]["embedding"]
+    assert len((await embed(["a", "b"]))["data"]) == 2
+    assert len((await embed("a"))["data"]) == 1
+    assert (await embed([]))["data"] == []

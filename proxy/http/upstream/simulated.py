@@ -84,15 +84,19 @@ def _prompt_tokens(body: dict[str, object]) -> int:
 
 def _embedding_response(model: str, given: object, base64: bool) -> SimulatedResponse:
     """Deterministic 8-dimensional vectors, one per input; with ``encoding_format:
-    base64``, as OpenAI sends them then: the little-endian float32 bytes in base64."""
-    inputs = given if isinstance(given, list) else [given]
+    base64``, as OpenAI sends them then: the little-endian float32 bytes in base64. As in
+    OpenAI's API, a list of integers is one input given as tokens, a list of lists several."""
+    tokens_of_one = isinstance(given, list) and bool(given) and all(
+        isinstance(token, int) for token in given)
+    inputs: list[object] = given if isinstance(given, list) and not tokens_of_one else [given]
     vectors = [[((zlib.crc32(str(text).encode()) >> (4 * d)) % 1000) / 1000 for d in range(8)]
                for text in inputs]
     data = [{"object": "embedding", "index": i,
              "embedding": (binascii.b2a_base64(struct.pack("<8f", *vector), newline=False)
                            .decode("ascii") if base64 else vector)}
             for i, vector in enumerate(vectors)]
-    tokens = sum(-(-len(str(text)) // 4) for text in inputs)
+    tokens = sum(len(text) if isinstance(text, list) else -(-len(str(text)) // 4)
+                 for text in inputs)
     body = orjson.dumps({"object": "list", "data": data, "model": model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
     return SimulatedResponse(None, None, 0.0, False, False, status=200, body=body)
