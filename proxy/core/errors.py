@@ -2,7 +2,7 @@
 
 Every error the proxy itself produces is a ``ProxyError``. Each class carries the HTTP
 status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one middleware
-(``proxy.middleware``) turns it into ``{"error": {...}}``.
+(``proxy.http.call.middleware``) turns it into ``{"error": {...}}``.
 
     ProxyError
     ├── InvalidRequest        400 invalid_request

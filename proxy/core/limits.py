@@ -5,7 +5,7 @@
   upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
 
 Adaptive concurrency lives with the provider's slots, in ``proxy.core.capacity``.
-Retry policy (budget, backoff, ``retry-after``) is in ``proxy.retry``.
+Retry policy (budget, backoff, ``retry-after``) is in ``proxy.core.retry``.
 """
 
 from __future__ import annotations

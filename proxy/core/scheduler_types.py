@@ -1,6 +1,6 @@
 """Value types of the scheduler: its settings, the ticket a call waits with, and outcomes.
 
-``proxy.scheduler`` re-exports all of them; import from there.
+``proxy.core.scheduler`` re-exports them: outside the core, import from there.
 """
 
 from __future__ import annotations

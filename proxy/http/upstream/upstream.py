@@ -3,8 +3,8 @@
 ``Upstream.send`` opens one call and returns once the response head is in; the body is
 then read chunk by chunk. Real providers go through ``HttpUpstream`` (the lean client
 in ``wire``); the in-process ``simulated`` provider implements the same Protocol, and tests
-swap in their own. Errors: implementations raise only ``proxy.errors.UpstreamConnectError``
-/ ``UpstreamTimeout`` / ``UpstreamBadResponse``.
+swap in their own. Errors: implementations raise only
+``proxy.core.errors.UpstreamConnectError`` / ``UpstreamTimeout`` / ``UpstreamBadResponse``.
 """
 
 from __future__ import annotations
