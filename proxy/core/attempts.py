@@ -121,8 +121,8 @@ class Attempts:
         self.usage: Usage | None = None
         self.used: int | None = None  # tokens the last attempt may have used (None: none)
         self._started = math.nan
-        # Grown only on failures (rare): one shared empty set (``frozenset()`` is a new
-        # 216-byte object each time on 3.11) costs a call nothing.
+        # Grown only on failures (rare): one shared empty set (``frozenset()`` makes a new
+        # object each time) costs a call nothing.
         self._failed = _NONE  # deployments that failed: tried last
         self._failed_providers = _NONE  # an attempt there is a re-try
         self._excluded = _NONE  # deployments that refused the key

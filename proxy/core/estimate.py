@@ -31,7 +31,7 @@ class EstimateSettings:
     prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN  # not learned
 
     def size_s(self, prompt_tokens: int, output_tokens: int) -> float:
-        # Conditions, not max(): on Python 3.11 the builtin costs 5x as much.
+        # Conditions, not max(): a builtin call costs more on this hot path.
         return (self.ttft_s + (prompt_tokens if prompt_tokens > 0 else 0)
                 * self.prefill_seconds_per_token
                 + (output_tokens if output_tokens > 0 else 0) * self.seconds_per_token)

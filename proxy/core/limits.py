@@ -186,7 +186,7 @@ class ProviderLimits:
 
     def wait_s(self, tokens: int, now: float) -> float:
         """Seconds until a call of ``tokens`` (prompt + expected output) could go. Takes nothing."""
-        # The longest of the waits (conditions, not max(): 5x cheaper on 3.11).
+        # The longest of the waits (conditions, not max(): a builtin call costs more here).
         wait = self._upstream_requests.wait_s(1, now)
         other = self._upstream_tokens.wait_s(tokens, now)
         if other > wait:
@@ -229,7 +229,7 @@ class ProviderLimits:
         if ("x-ratelimit-remaining-requests" not in headers
                 and "x-ratelimit-remaining-tokens" not in headers):
             # Another mapping's names may be in any case; an upstream response's are lower
-            # case already, and copying its 20-odd headers cost more than all the rest.
+            # case already, and copying all its headers would cost more than all the rest.
             headers = lowercase_keys(headers)
         for kind, quota in (
             ("requests", self._upstream_requests),

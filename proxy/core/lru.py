@@ -1,8 +1,8 @@
 """A bounded map that forgets its least recently used entry.
 
-``cachetools.LRUCache`` runs several Python-level methods per lookup (~1.5 µs, and the
-estimators look up about five times per call); this one is an ``OrderedDict`` underneath,
-whose lookups and reorderings are C.
+``cachetools.LRUCache`` runs several Python-level methods per lookup, and the estimators
+look up several times per call; this one is an ``OrderedDict`` underneath, whose lookups
+and reorderings are C.
 """
 
 from __future__ import annotations

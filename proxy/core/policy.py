@@ -221,7 +221,7 @@ class Policy:
         typical = self.means.get(pool)
         cap = (self.settings.level_bounds_s[-1] if typical is None
                else CLAIM_FACTOR * (1.0 if typical < 1.0 else typical))
-        estimate = ticket.est_service_s  # conditions, not min()/max(): 5x cheaper on 3.11
+        estimate = ticket.est_service_s  # conditions, not min()/max(): hot path
         return cap if cap < estimate else estimate
 
     def mean_service(self, pool: str) -> float | None:

@@ -51,7 +51,7 @@ class Deployment:
     def output_cap(self, tokens: int) -> int:
         """``tokens`` expected out, capped at what this deployment may produce."""
         cap = self.max_output_tokens
-        return cap if cap < tokens else tokens  # a condition: min() costs 5x on 3.11
+        return cap if cap < tokens else tokens  # a condition, not min(): runs per call
 
 
 @dataclass(frozen=True)

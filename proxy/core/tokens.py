@@ -1,10 +1,9 @@
 """Prompt token counting with an encoding bundled on disk, never downloaded.
 
-``TokenCounter.load()`` runs once at start-up (about 0.2 s). Exact counting holds the
-caller for about 0.3 ms per 1,000 tokens of prose (0.2 us per character, more on long
-unbroken runs: 1 MB of one letter takes 0.4 s), so prompts past ``EXACT_LIMIT_CHARS``
-should be counted in a worker thread (tiktoken releases the GIL) or estimated from their
-length, which costs microseconds.
+``TokenCounter.load()`` runs once at start-up. Exact counting holds the caller for a time
+in proportion to the text (longer still on long unbroken runs, such as one letter
+repeated), so prompts past ``EXACT_LIMIT_CHARS`` should be counted in a worker thread
+(tiktoken releases the GIL) or estimated from their length, which costs next to nothing.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ class TokenCounter:
             )
             return cls(None)
         # tiktoken keeps a Python copy of the 100k merge ranks beside its Rust core, used
-        # only to pickle the encoding; ~14 MiB resident the proxy never reads.
+        # only to pickle the encoding: megabytes resident the proxy never reads.
         if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
             encoding._mergeable_ranks = {}
         return cls(encoding)

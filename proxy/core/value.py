@@ -1,9 +1,9 @@
 """``@value``: an immutable dataclass to the type checker, a plain slotted one at run time.
 
-A frozen dataclass sets each field through ``object.__setattr__``: one with eight fields
-took 0.8 µs to build here against 0.15 µs without ``frozen``, and a proxied call builds a
-dozen such values (its plan, classification, commands, results). mypy still refuses any
-assignment to a field (``frozen_default``); equality and hashing are a frozen one's.
+A frozen dataclass sets each field through ``object.__setattr__``, which makes one slower
+to build than a plain one, and a proxied call builds a dozen such values (its plan,
+classification, commands, results; CHANGELOG.md has what this saved). mypy still refuses
+any assignment to a field (``frozen_default``); equality and hashing are a frozen one's.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from yarl import URL
 from ...core.request import BodyLimits, Call, Kind, parse_call
 from ...core.tokens import TokenCounter
 
-# Bodies past this are parsed off the event loop: a few hundred microseconds of thread
-# hand-off against up to tens of milliseconds of walking a large body.
+# Bodies past this are parsed off the event loop: past it the thread hand-off costs far less
+# than walking the body on the loop, where every other call's stream would wait for it.
 OFFLOAD_BYTES = 256 * 1024
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 

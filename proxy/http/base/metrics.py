@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 class _LoopValue(values.MutexValue):
     """A metric's value without its lock: every update and every read of the proxy's
-    metrics happens on the event loop's thread (worker threads only parse and store), and
-    the lock was about 2 % of the CPU a call costs."""
+    metrics happens on the event loop's thread (worker threads only parse and store), so
+    the lock is a cost every call would pay for nothing."""
 
     def inc(self, amount: float) -> None:
         self._value += amount

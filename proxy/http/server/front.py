@@ -1,6 +1,7 @@
 """The fast lane: proxied calls served without aiohttp's per-request machinery.
 
-aiohttp's server spends about 50 µs of CPU and 13 KiB on a request before its handler runs.
+aiohttp's server spends CPU and memory on a request before its handler runs (its request,
+parser, payload stream and handler task; docs/benchmarks.md and docs/operations.md measure it).
 The lane reads the plain case itself (``proxy.http.server.head``) — an HTTP/1.1 ``POST`` to a
 proxied route, with a well formed head and a ``Content-Length`` body within the limit — and
 runs the same middleware and handler on it, as soon as the head is in (a wrong key is

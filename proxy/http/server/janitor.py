@@ -3,13 +3,14 @@
 The server freezes its start-up objects and collects the young generation rarely (see
 ``server.py``), so the cyclic garbage of thousands of calls (cancelled handlers, their
 exceptions and frames) waits for a full collection that may not come for a long time, and
-glibc's malloc keeps the pages it freed. Measured with 10,000 calls queued, then gone:
-236 MiB resident stayed; a full collection and ``malloc_trim`` brought it to 126 MiB.
+glibc's malloc keeps the pages it freed: after a burst of queued calls most of the memory
+it took stays resident until a full collection and ``malloc_trim`` give it back (the
+figures: docs/operations.md, "Memory after a burst").
 
 So once the proxy has been quiet for a tick (no call in progress, none started since the
 last tick, so the burst's connections are closed too) after at least ``MIN_CALLS`` calls
 since the last sweep, it runs one full collection and trims the heap. Quiet means no
-caller waits for the pause it costs (tens of milliseconds on a large heap).
+call waits for the pause it costs (a full collection of a large heap is not short).
 """
 
 from __future__ import annotations
