@@ -50,7 +50,9 @@ class _Second:
 
 
 @dataclass(slots=True)
-class Usage:
+class Totals:
+    """What one key's calls in one tier used since the start (the dashboard's usage)."""
+
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -66,20 +68,20 @@ class LiveStats:
         self.stopped = False
         self._ring: list[_Second | None] = [None] * window_s
         self._first: int | None = None
-        self._usage: dict[tuple[str, str], Usage] = {}
+        self._totals: dict[tuple[str, str], Totals] = {}
         self._rejections: deque[dict[str, object]] = deque(maxlen=REJECTIONS)
         self._rng = rng or random.Random()
         self._sampled = asyncio.Event()
 
     def _second(self, now: float) -> _Second:
         t = math.floor(now)
-        slot = self._ring[t % self.window_s]
-        if slot is None or slot.t != t:
-            slot = self._ring[t % self.window_s] = _Second(t)
+        second = self._ring[t % self.window_s]
+        if second is None or second.t != t:
+            second = self._ring[t % self.window_s] = _Second(t)
             if self._first is None:
                 self._first = t
-        slot.point = None
-        return slot
+        second.point = None
+        return second
 
     def call_ended(self, status: int, record: CallRecord, now: float) -> None:
         """``now``: the service clock's time (monotonic seconds)."""
@@ -93,17 +95,17 @@ class LiveStats:
             if seen <= SAMPLES:
                 waits.append(record.queue_s)
             else:
-                slot = int(self._rng.random() * seen)
-                if slot < SAMPLES:
-                    waits[slot] = record.queue_s
+                replaced = int(self._rng.random() * seen)
+                if replaced < SAMPLES:
+                    waits[replaced] = record.queue_s
         label = (record.key or "-", tier or "-")
-        usage = self._usage.get(label)
-        if usage is None:
-            usage = self._usage[label] = Usage()
-        usage.calls += 1
-        usage.prompt_tokens += record.prompt_tokens or 0
-        usage.completion_tokens += record.completion_tokens or 0
-        usage.cost_usd += record.cost_usd or 0.0
+        totals = self._totals.get(label)
+        if totals is None:
+            totals = self._totals[label] = Totals()
+        totals.calls += 1
+        totals.prompt_tokens += record.prompt_tokens or 0
+        totals.completion_tokens += record.completion_tokens or 0
+        totals.cost_usd += record.cost_usd or 0.0
         if status >= 400 and record.code is not None:
             self._rejections.append({"at": record.arrived, "status": status,
                                      "code": record.code, "tier": tier, "key": record.key})
@@ -134,15 +136,15 @@ class LiveStats:
             start = max(start, after + 1)
         points: list[dict[str, object]] = []
         for t in range(start, current):
-            slot = self._ring[t % self.window_s]
-            points.append({"t": t} if slot is None or slot.t != t else slot.summary())
+            second = self._ring[t % self.window_s]
+            points.append({"t": t} if second is None or second.t != t else second.summary())
         return points
 
     def usage(self) -> list[dict[str, object]]:
         """Calls, tokens and cost per key and tier since the start, sorted by key, tier."""
         return [{"key": key, "tier": tier, "calls": u.calls, "prompt_tokens": u.prompt_tokens,
                  "completion_tokens": u.completion_tokens, "cost_usd": u.cost_usd}
-                for (key, tier), u in sorted(self._usage.items())]
+                for (key, tier), u in sorted(self._totals.items())]
 
     def rejections(self) -> list[dict[str, object]]:
         """The last refused calls (status 400 or more, with a code), newest first."""
