@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.breaker import Breaker, BreakerSettings, State
+from proxy.core.breaker import Breaker, BreakerSettings, BreakerState
 
-CLOSED, OPEN, HALF = State.CLOSED, State.OPEN, State.HALF_OPEN
+CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 # Steps: (now, event, expected state after it). Events: "ok", "fail", "throttle",
 # "abandon", "acquire", "deny" (acquire that must be refused), "-" (look only).
-Step = tuple[float, str, State]
+Step = tuple[float, str, BreakerState]
 
 
 def run(breaker: Breaker, steps: list[Step]) -> None:
@@ -225,7 +225,7 @@ def test_jittered_cooldown_stays_within_bounds(seed: int, openings: int) -> None
 
 
 def test_transitions_reach_the_hook() -> None:
-    seen: list[tuple[State, State, float]] = []
+    seen: list[tuple[BreakerState, BreakerState, float]] = []
     config = BreakerSettings(consecutive_failures=1, jitter=0.0)
     breaker = Breaker(config, random.Random(0),
                       on_transition=lambda a, b, at: seen.append((a, b, at)))
@@ -332,7 +332,7 @@ def test_never_more_than_k_probes_in_flight(
     now = 0.0
     opened_at = [-1.0]
 
-    def record(old: State, new: State, at: float) -> None:
+    def record(old: BreakerState, new: BreakerState, at: float) -> None:
         if new is OPEN:
             opened_at.append(now)
 

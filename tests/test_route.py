@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.breaker import Breaker, BreakerSettings, State
+from proxy.core.breaker import Breaker, BreakerSettings, BreakerState
 from proxy.core.route import (
     STRATEGIES,
     Decision,
@@ -323,7 +323,7 @@ def test_degrade_never_offers_more_than_ranked_nor_sheds_what_could_go_soon(
 class Run:
     primary_calls: list[float]
     failed_for_client: int
-    primary_state: State
+    primary_state: BreakerState
 
 
 def route_around(dead_until: float, duration: float = 120.0) -> Run:
@@ -379,7 +379,7 @@ def test_a_dead_primary_is_routed_around_within_five_calls() -> None:
 def test_a_recovered_primary_gets_its_traffic_back_at_the_next_probe() -> None:
     result = route_around(dead_until=30.0, duration=120.0)
     calls = result.primary_calls
-    assert result.primary_state is State.CLOSED
+    assert result.primary_state is BreakerState.CLOSED
     # Probes at about 5, 15, 35 s: traffic returns with the first probe after 30 s.
     back = next(t for t in calls if t >= 30.0)
     assert back <= 30.0 + 20.0 * 1.2

@@ -25,16 +25,16 @@ from typing import Final
 from .limits import RollingCounts
 
 
-class State(enum.Enum):
+class BreakerState(enum.Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
 
 
 # The members under plain names, for the hot paths (why: see scheduler_types.py).
-CLOSED: Final = State.CLOSED
-OPEN: Final = State.OPEN
-HALF_OPEN: Final = State.HALF_OPEN
+CLOSED: Final = BreakerState.CLOSED
+OPEN: Final = BreakerState.OPEN
+HALF_OPEN: Final = BreakerState.HALF_OPEN
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Breaker:
         self,
         settings: BreakerSettings,
         rng: random.Random,
-        on_transition: Callable[[State, State, float], None] | None = None,
+        on_transition: Callable[[BreakerState, BreakerState, float], None] | None = None,
     ) -> None:
         self.settings = settings
         self._rng = rng
@@ -94,7 +94,7 @@ class Breaker:
             self._window = RollingCounts(settings.window_s)
         self.settings = settings
 
-    def state(self, now: float) -> State:
+    def state(self, now: float) -> BreakerState:
         if self._state is OPEN and now >= self._open_until:
             self._probes_left = self.settings.half_open_probes
             self._probes_out = 0
@@ -223,7 +223,7 @@ class Breaker:
     def _stale(self, started: float | None) -> bool:
         return started is not None and started < self._since
 
-    def _move(self, new: State, since: float) -> None:
+    def _move(self, new: BreakerState, since: float) -> None:
         old, self._state = self._state, new
         self._since = since
         if self._on_transition is not None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from .breaker import CLOSED, OPEN, Breaker, State
+from .breaker import CLOSED, OPEN, Breaker, BreakerState
 from .classify import Principal
 from .limits import ProviderLimits
 from .provider import Provider
@@ -36,7 +36,7 @@ THROTTLE_DEFAULT_S = 1.0
 THROTTLE_MIN_S = 0.05
 THROTTLE_MAX_S = 60.0
 
-TransitionHook = Callable[[Deployment, State, State], None]
+TransitionHook = Callable[[Deployment, BreakerState, BreakerState], None]
 
 
 class Verdict(enum.Enum):
@@ -220,10 +220,10 @@ class Fleet:
         if until > now:
             self._scheduler.pause(provider, until, now)
 
-    def _hook(self, deployment: Deployment) -> Callable[[State, State, float], None]:
+    def _hook(self, deployment: Deployment) -> Callable[[BreakerState, BreakerState, float], None]:
         probes = self._providers[deployment.provider].breaker.half_open_probes
 
-        def on_transition(old: State, new: State, at: float) -> None:
+        def on_transition(old: BreakerState, new: BreakerState, at: float) -> None:
             if new is OPEN:
                 breaker = self.breakers[deployment.id]
                 self._scheduler.set_down(deployment.id, breaker.open_until, probes, at)

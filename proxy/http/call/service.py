@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from ...config import Config, Provider
-from ...core.breaker import State as BreakerState
+from ...core.breaker import BreakerState
 from ...core.budgets import Budget, Budgets
 from ...core.clock import Clock
 from ...core.engine import Engine
