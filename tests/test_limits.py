@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.limits import (
-    ProviderLimits,
+    RateLimits,
     RollingCounts,
     TokenBucket,
     parse_duration,
@@ -156,8 +156,8 @@ def test_parse_duration(text: str, seconds: float | None) -> None:
     assert parse_duration(text) == (None if seconds is None else pytest.approx(seconds))
 
 
-def test_provider_limits_rpm_and_tpm() -> None:
-    limits = ProviderLimits(rpm=2, tpm=1000)
+def test_rate_limits_rpm_and_tpm() -> None:
+    limits = RateLimits(rpm=2, tpm=1000)
     assert limits.take(400, 0.0) == 0.0
     assert limits.take(700, 0.0) == pytest.approx(6.0)  # 100 short at 1000/min
     assert limits.take(500, 0.0) == 0.0  # the refused call took nothing
@@ -166,8 +166,8 @@ def test_provider_limits_rpm_and_tpm() -> None:
     assert limits.wait_s(400, 30.0) == 0.0
 
 
-def test_provider_limits_without_local_limits_always_go() -> None:
-    limits = ProviderLimits()
+def test_rate_limits_without_local_limits_always_go() -> None:
+    limits = RateLimits()
     assert all(limits.take(10**6, 0.0) == 0.0 for _ in range(100))
     limits.reconcile(10, 20, 0.0)
     assert limits.paused_until(0.0) == 0.0
@@ -210,14 +210,14 @@ HEADER_CASES = {
 
 @pytest.mark.parametrize("headers, tokens, wait", HEADER_CASES.values(), ids=HEADER_CASES.keys())
 def test_observe_headers(headers: dict[str, str], tokens: int, wait: float) -> None:
-    limits = ProviderLimits()
+    limits = RateLimits()
     limits.observe_headers(headers, 0.0)
     assert limits.wait_s(tokens, 0.0) == pytest.approx(wait)
     assert limits.take(tokens, wait) == 0.0  # after the reset, the call goes
 
 
 def test_paused_until_and_local_spending_of_reported_quota() -> None:
-    limits = ProviderLimits()
+    limits = RateLimits()
     limits.observe_headers(
         {"x-ratelimit-remaining-requests": "2", "x-ratelimit-reset-requests": "10s"}, 100.0
     )
@@ -230,7 +230,7 @@ def test_paused_until_and_local_spending_of_reported_quota() -> None:
 
 
 def test_reported_tokens_are_spent_locally_until_the_reset() -> None:
-    limits = ProviderLimits()
+    limits = RateLimits()
     limits.observe_headers(
         {"x-ratelimit-remaining-tokens": "1000", "x-ratelimit-reset-tokens": "10s"}, 0.0
     )
@@ -253,8 +253,8 @@ def test_one_absurd_number_leaves_a_bucket_at_most_one_refill_in_debt(absurd: fl
     assert bucket.level(200.0) == -600
 
 
-def test_provider_limits_refund_gives_back_what_take_took() -> None:
-    limits = ProviderLimits(rpm=2, tpm=1000)
+def test_rate_limits_refund_gives_back_what_take_took() -> None:
+    limits = RateLimits(rpm=2, tpm=1000)
     assert limits.take(900, 0.0) == 0.0
     limits.refund(900, 0.0)  # the call never went upstream
     assert limits.take(1000, 0.0) == 0.0

@@ -23,7 +23,7 @@ from typing import Final
 
 from .breaker import CLOSED, OPEN, Breaker, BreakerState
 from .classify import Principal
-from .limits import ProviderLimits
+from .limits import RateLimits
 from .provider import Provider
 from .retry import RetryBudget
 from .route import Deployment
@@ -83,9 +83,9 @@ class Fleet:
         self._rng = rng
         self._on_transition = on_transition
         self.breakers: dict[str, Breaker] = {}
-        self.budgets: dict[str, RetryBudget] = {}
-        self.limits: dict[str, ProviderLimits] = {}
-        self.key_limits: dict[str, ProviderLimits] = {}
+        self.retry_budgets: dict[str, RetryBudget] = {}
+        self.provider_rates: dict[str, RateLimits] = {}
+        self.key_rates: dict[str, RateLimits] = {}
         self._throttles: dict[str, int] = {}
         self.reconfigure(providers, deployments, principals, retry_budget)
 
@@ -105,22 +105,22 @@ class Fleet:
             else:
                 breaker.retune(settings)
         for name, provider in providers.items():
-            budget = self.budgets.setdefault(name, RetryBudget(ratio=retry_budget))
+            budget = self.retry_budgets.setdefault(name, RetryBudget(ratio=retry_budget))
             budget.ratio = retry_budget
-            self._keep_limits(self.limits, name, provider.rpm, provider.tpm)
+            self._keep_rates(self.provider_rates, name, provider.rpm, provider.tpm)
         for principal in principals:
             if principal.rpm is not None or principal.tpm is not None:
-                self._keep_limits(self.key_limits, principal.name, principal.rpm,
-                                  principal.tpm)
+                self._keep_rates(self.key_rates, principal.name, principal.rpm,
+                                 principal.tpm)
             else:
-                self.key_limits.pop(principal.name, None)
+                self.key_rates.pop(principal.name, None)
 
     @staticmethod
-    def _keep_limits(buckets: dict[str, ProviderLimits], name: str, rpm: int | None,
-                     tpm: int | None) -> None:
+    def _keep_rates(buckets: dict[str, RateLimits], name: str, rpm: int | None,
+                    tpm: int | None) -> None:
         found = buckets.get(name)
         if found is None or found.rates != (rpm, tpm):
-            buckets[name] = ProviderLimits(rpm, tpm)
+            buckets[name] = RateLimits(rpm, tpm)
 
     def down(self, deployment: str, now: float) -> bool:
         """The deployment's breaker is open (half-open counts as up: probes may go)."""
@@ -130,19 +130,19 @@ class Fleet:
 
     def take_key(self, key: str, tokens: int, now: float) -> float:
         """Take a call's share of its key's own limits: 0.0, or the seconds to wait."""
-        limits = self.key_limits.get(key)
-        return 0.0 if limits is None else limits.take(tokens, now)
+        rates = self.key_rates.get(key)
+        return 0.0 if rates is None else rates.take(tokens, now)
 
     def settle_key(self, key: str, estimated: int, actual: int | None, now: float) -> None:
         """Reconcile the key's buckets with what the call used (None: it never went
         upstream, so the request comes back too)."""
-        limits = self.key_limits.get(key)
-        if limits is None:
+        rates = self.key_rates.get(key)
+        if rates is None:
             return
         if actual is None:
-            limits.refund(estimated, now)
+            rates.refund(estimated, now)
         else:
-            limits.reconcile(estimated, actual, now)
+            rates.reconcile(estimated, actual, now)
 
     # --- one attempt ----------------------------------------------------------------------
 
@@ -153,14 +153,14 @@ class Fleet:
         breaker = self.breakers[deployment.id]
         if breaker.down(now):
             return DOWN
-        limits = self.limits[name]
-        wait_s = limits.take(tokens, now)
+        rates = self.provider_rates[name]
+        wait_s = rates.take(tokens, now)
         if wait_s > 0:
             self._scheduler.pause(name, now + wait_s, now)
             return RATE_LIMITED
-        budget = self.budgets[name]
+        budget = self.retry_budgets[name]
         if retry and not budget.try_retry(now):
-            limits.refund(tokens, now)
+            rates.refund(tokens, now)
             return BUDGET_SPENT
         if not retry:
             budget.on_call(now)
@@ -190,9 +190,9 @@ class Fleet:
         else:
             breaker.on_abandon(now, started)
         if used is None:
-            self.limits[name].refund(tokens, now, request=False)
+            self.provider_rates[name].refund(tokens, now, request=False)
         else:
-            self.limits[name].reconcile(tokens, used, now)
+            self.provider_rates[name].reconcile(tokens, used, now)
 
     def _throttle(self, deployment: Deployment, now: float, retry_after_s: float | None,
                   beside: int) -> None:
@@ -214,9 +214,9 @@ class Fleet:
 
     def observe_quota(self, provider: str, headers: Mapping[str, str], now: float) -> None:
         """Pause a provider that reports its quota spent, before it starts answering 429."""
-        limits = self.limits[provider]
-        limits.observe_headers(headers, now)
-        until = limits.paused_until(now)
+        rates = self.provider_rates[provider]
+        rates.observe_headers(headers, now)
+        until = rates.paused_until(now)
         if until > now:
             self._scheduler.pause(provider, until, now)
 

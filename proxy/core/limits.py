@@ -1,8 +1,8 @@
-"""Provider limits, as pure state driven by ``now`` (monotonic seconds).
+"""Rate limits (rpm/tpm), as pure state driven by ``now`` (monotonic seconds).
 
 - ``RollingCounts``: counters over a rolling window in a fixed ring of buckets.
-- ``TokenBucket`` / ``ProviderLimits``: rpm and tpm buckets per deployment, plus the
-  upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
+- ``TokenBucket`` / ``RateLimits``: rpm and tpm buckets per provider (and per key), plus
+  the upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
 
 Adaptive concurrency lives with the provider's slots, in ``proxy.core.capacity``.
 Retry policy (budget, backoff, ``retry-after``) is in ``proxy.core.retry``.
@@ -160,8 +160,8 @@ class _UpstreamQuota:
             self.remaining -= amount
 
 
-class ProviderLimits:
-    """A deployment's rpm/tpm buckets plus the upstream's ``x-ratelimit-*`` headers.
+class RateLimits:
+    """A provider's (or a key's) rpm/tpm buckets plus the upstream's ``x-ratelimit-*`` headers.
 
     ``rpm`` / ``tpm`` of None means no local limit of that kind. The headers are honoured
     whether or not local limits are configured: once the provider reports fewer requests or

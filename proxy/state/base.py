@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
-from ..core.limits import ProviderLimits
+from ..core.limits import RateLimits
 from ..core.value import value
 
 
@@ -30,7 +30,7 @@ class LocalRates:
     the replicas alive."""
 
     def __init__(self) -> None:
-        self._buckets: dict[str, ProviderLimits] = {}
+        self._buckets: dict[str, RateLimits] = {}
 
     def take(self, name: str, rpm: int | None, tpm: int | None, replicas: int, tokens: int,
              now: float) -> float:
@@ -40,7 +40,7 @@ class LocalRates:
                  None if tpm is None else max(tpm // share, 1))
         found = self._buckets.get(name)
         if found is None or found.rates != rates:
-            found = self._buckets[name] = ProviderLimits(*rates)
+            found = self._buckets[name] = RateLimits(*rates)
         return found.take(tokens, now)
 
 
