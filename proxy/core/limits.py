@@ -19,24 +19,24 @@ from collections.abc import Mapping
 class RollingCounts:
     """Named counters over the last ``window_s`` seconds.
 
-    Time is cut into ``buckets`` slots of ``window_s / buckets``; the window is the current
-    slot and the ones before it, so memory stays bounded whatever the call rate.
+    Time is cut into ``buckets`` buckets of ``window_s / buckets`` seconds; the window is the
+    current bucket and the ones before it, so memory stays bounded whatever the call rate.
     """
 
     def __init__(self, window_s: float, buckets: int = 10) -> None:
         if window_s <= 0 or buckets < 1:
             raise ValueError("window_s must be positive and buckets at least 1")
-        self._slot_s = window_s / buckets
+        self._bucket_s = window_s / buckets
         self._buckets = buckets
         self._ring: deque[tuple[int, dict[str, int]]] = deque()
 
     def add(self, name: str, now: float, n: int = 1) -> None:
         ring = self._ring
-        slot = math.floor(now / self._slot_s)
-        if not ring or ring[-1][0] != slot:  # an add in the newest slot touches nothing else
+        bucket = math.floor(now / self._bucket_s)
+        if not ring or ring[-1][0] != bucket:  # an add in the newest bucket touches nothing else
             self._prune(now)
-            if not ring or ring[-1][0] < slot:
-                ring.append((slot, {}))
+            if not ring or ring[-1][0] < bucket:
+                ring.append((bucket, {}))
         counts = ring[-1][1]
         counts[name] = counts.get(name, 0) + n
 
@@ -48,10 +48,10 @@ class RollingCounts:
         self._ring.clear()
 
     def _prune(self, now: float) -> int:
-        slot = math.floor(now / self._slot_s)
-        while self._ring and self._ring[0][0] <= slot - self._buckets:
+        bucket = math.floor(now / self._bucket_s)
+        while self._ring and self._ring[0][0] <= bucket - self._buckets:
             self._ring.popleft()
-        return slot
+        return bucket
 
 
 # Refill arithmetic leaves float dust; a shortfall smaller than this is no shortfall.
