@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from .capacity import Gate, Pool
 from .floors import CAP_CALLS, Floors
 from .headroom import Headroom
-from .scheduler_queues import Lane, TicketQueues
+from .scheduler_queues import Cohort, TicketQueues
 from .scheduler_types import SchedulerSettings, Ticket
 
 # A headroom hold keeps a free slot from a waiting call only until the call has used this
@@ -157,14 +157,14 @@ class Policy:
         it, or (``earliest``) the earliest deadline whatever the level."""
         best: Choice | None = None
         for level in range(self.settings.levels):
-            for lane in self._queues.lanes(pool.name, tier, level):
-                ticket = lane.earliest() if earliest else lane.head()
+            for cohort in self._queues.cohorts(pool.name, tier, level):
+                ticket = cohort.earliest() if earliest else cohort.head()
                 if ticket is None or (best is not None and (
                         (ticket.deadline, ticket.order) >= (best[0].deadline, best[0].order)
                         if earliest else
                         (ticket.tag, ticket.order) >= (best[0].tag, best[0].order))):
                     continue
-                gate = _open_gate(lane, pool.name, now)
+                gate = _open_gate(cohort, pool.name, now)
                 if gate is not None:
                     best = (ticket, gate)
             if best is not None and not earliest:
@@ -281,8 +281,8 @@ class Policy:
         self.reserves = new_reserves
 
 
-def _open_gate(lane: Lane, pool: str, now: float) -> Gate | None:
-    for gate in lane.gates[pool]:
+def _open_gate(cohort: Cohort, pool: str, now: float) -> Gate | None:
+    for gate in cohort.gates[pool]:
         if gate.open(now):
             return gate
     return None

@@ -1,6 +1,6 @@
 """Where waiting tickets live: heaps with lazy removal, so every question is cheap.
 
-- Lanes, one per (tier, level, candidate tuple): heaps ordered by the calls' virtual
+- Cohorts, one per (tier, level, candidate tuple): heaps ordered by the calls' virtual
   starts (``proxy.core.keys``; arrival order for one key), and a call that comes back (a
   re-try) goes back to its place instead of the tail.
 - One heap each for level aging, tier promotion and deadlines, ordered by when they fall
@@ -23,16 +23,16 @@ from collections.abc import Callable, Iterator, Sequence
 from .capacity import Gate
 from .scheduler_types import QUEUED, Ticket, TicketState
 
-# A queued ticket has at most seven live entries (two in its lane, newest, aging,
+# A queued ticket has at most seven live entries (two in its cohort, newest, aging,
 # promotion and two deadlines): rebuild once the entries exceed twice that per live
 # ticket, plus a constant.
 _STALE_FACTOR = 14
 _COMPACT_SLACK = 4096
 
-Entry = tuple[float, int, int, Ticket]  # (key, order, epoch or visit, ticket)
+Entry = tuple[float, int, int, Ticket]  # (sort key, order, epoch or visit, ticket)
 
 
-class Lane:
+class Cohort:
     """Tickets of one tier and level with the same candidates: by arrival (``head``) and
     by deadline (``earliest``)."""
 
@@ -83,8 +83,8 @@ class TicketQueues:
         self._on_count = on_count  # (tier, key, +1 / -1) whenever a ticket joins or leaves
         self._tier_promote_after = tuple(tier_promote_after_s)
         self._resolve = resolve
-        self._lanes: dict[tuple[int, int, tuple[str, ...]], Lane] = {}
-        self._lanes_for: dict[str, list[list[list[Lane]]]] = {}
+        self._cohorts: dict[tuple[int, int, tuple[str, ...]], Cohort] = {}
+        self._cohorts_for: dict[str, list[list[list[Cohort]]]] = {}
         self._pools_of: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._aging: list[Entry] = []
         self._promotions: list[Entry] = []
@@ -140,8 +140,8 @@ class TicketQueues:
         if self._entries > _STALE_FACTOR * len(self._live) + _COMPACT_SLACK:
             self._compact()
 
-    def lanes(self, pool: str, tier: int, level: int) -> list[Lane]:
-        per_tier = self._lanes_for.get(pool)
+    def cohorts(self, pool: str, tier: int, level: int) -> list[Cohort]:
+        per_tier = self._cohorts_for.get(pool)
         return [] if per_tier is None else per_tier[tier][level]
 
     def age(self, now: float) -> None:
@@ -249,12 +249,12 @@ class TicketQueues:
         self._entries += 1
 
     def _join(self, ticket: Ticket) -> None:
-        """Enter the lane (and aging heap) of the ticket's tier and level."""
+        """Enter the cohort (and aging heap) of the ticket's tier and level."""
         tier, level = ticket.current_tier, ticket.level
         ticket.epoch += 1
-        lane = self._lane(tier, level, ticket.candidates)
-        heapq.heappush(lane.heap, (ticket.tag, ticket.order, ticket.epoch, ticket))
-        heapq.heappush(lane.due, (ticket.deadline, ticket.order, ticket.epoch, ticket))
+        cohort = self._cohort(tier, level, ticket.candidates)
+        heapq.heappush(cohort.heap, (ticket.tag, ticket.order, ticket.epoch, ticket))
+        heapq.heappush(cohort.due, (ticket.deadline, ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._newest[tier], (-ticket.order, ticket.epoch, ticket))
         heapq.heappush(self._due[tier], (ticket.deadline, ticket.order, ticket.epoch, ticket))
         self._entries += 4
@@ -292,27 +292,28 @@ class TicketQueues:
                 self._pool_s.setdefault(pool, [0.0] * self._tiers)
         return pools
 
-    def _lane(self, tier: int, level: int, candidates: tuple[str, ...]) -> Lane:
-        lane = self._lanes.get((tier, level, candidates))
-        if lane is None:
+    def _cohort(self, tier: int, level: int, candidates: tuple[str, ...]) -> Cohort:
+        cohort = self._cohorts.get((tier, level, candidates))
+        if cohort is None:
             gates = self._resolve(candidates)
-            lane = self._lanes[(tier, level, candidates)] = Lane(tier, level, candidates, gates)
+            cohort = Cohort(tier, level, candidates, gates)
+            self._cohorts[(tier, level, candidates)] = cohort
             for pool in gates:
-                per_tier = self._lanes_for.setdefault(
+                per_tier = self._cohorts_for.setdefault(
                     pool, [[[] for _ in range(self._levels)] for _ in range(self._tiers)]
                 )
-                per_tier[tier][level].append(lane)
-        return lane
+                per_tier[tier][level].append(cohort)
+        return cohort
 
     def _compact(self) -> None:
         """Rebuild every heap from the live tickets."""
-        for lane in self._lanes.values():
-            lane.heap = [entry for entry in lane.heap
+        for cohort in self._cohorts.values():
+            cohort.heap = [entry for entry in cohort.heap
                          if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
-            heapq.heapify(lane.heap)
-            lane.due = [entry for entry in lane.due
+            heapq.heapify(cohort.heap)
+            cohort.due = [entry for entry in cohort.due
                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
-            heapq.heapify(lane.due)
+            heapq.heapify(cohort.due)
         self._newest = [[(-t.order, t.epoch, t) for t in self._live if t.current_tier == tier]
                         for tier in range(self._tiers)]
         for heap in self._newest:
@@ -329,7 +330,7 @@ class TicketQueues:
                     if e[3].visit == e[2] and e[3].state is QUEUED]
             heapq.heapify(kept)
             setattr(self, name, kept)
-        self._entries = (sum(len(lane.heap) + len(lane.due) for lane in self._lanes.values())
+        self._entries = (sum(len(c.heap) + len(c.due) for c in self._cohorts.values())
                          + sum(map(len, self._newest)) + sum(map(len, self._due))
                          + len(self._aging)
                          + len(self._promotions) + len(self._deadlines))
