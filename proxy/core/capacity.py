@@ -134,7 +134,7 @@ class Gate:
         return until if until > now else math.inf
 
 
-Route = tuple[tuple[Gate, ...], tuple[Pool, ...]]
+GatesAndPools = tuple[tuple[Gate, ...], tuple[Pool, ...]]
 
 
 class Capacity:
@@ -144,7 +144,7 @@ class Capacity:
         self._tiers = tiers
         self.pools: dict[str, Pool] = {}
         self.gates: dict[str, Gate] = {}
-        self._routes: dict[tuple[str, ...], Route] = {}
+        self._by_candidates: dict[tuple[str, ...], GatesAndPools] = {}
 
     def add_pool(self, name: str, limit: int) -> None:
         """A provider; its own name also stands for a deployment of it."""
@@ -157,9 +157,9 @@ class Capacity:
             if self.gates[deployment].pool.name != pool:
                 raise ValueError(f"deployment {deployment!r} belongs to another provider")
             return
-        owner = self.pools[self.known_pool(pool)]
-        gate = self.gates[deployment] = Gate(deployment, owner)
-        owner.deployments.append(gate)
+        provider = self.pools[self.known_pool(pool)]
+        gate = self.gates[deployment] = Gate(deployment, provider)
+        provider.deployments.append(gate)
 
     def set_max(self, name: str, max_concurrency: int, now: float) -> Pool:
         """A provider's configured concurrency (a new provider is added)."""
@@ -213,13 +213,13 @@ class Capacity:
             raise ValueError(f"unknown deployment {deployment!r}")
         return deployment
 
-    def route(self, candidates: tuple[str, ...]) -> Route:
+    def gates_and_pools(self, candidates: tuple[str, ...]) -> GatesAndPools:
         """The gates of ``candidates`` and their distinct pools, in preference order."""
-        found = self._routes.get(candidates)
+        found = self._by_candidates.get(candidates)
         if found is None:
             gates = tuple(self.gates[self.known_gate(d)] for d in candidates)
             pools = tuple({g.pool.name: g.pool for g in gates}.values())
-            found = self._routes[candidates] = (gates, pools)
+            found = self._by_candidates[candidates] = (gates, pools)
         return found
 
     def gates_by_pool(self, candidates: tuple[str, ...]) -> dict[str, tuple[Gate, ...]]:

@@ -122,7 +122,7 @@ class Scheduler:
         for ticket in [*queued, *self._running]:
             self._tier_maps.bring_up(ticket, settings.levels)
         self._charges.retag(queued, self._running, {
-            t: self._capacity.route(t.candidates)[1][0].name for t in queued})
+            t: self._capacity.gates_and_pools(t.candidates)[1][0].name for t in queued})
         self._capacity.recount(len(settings.tiers), self._running)
         for name, limit in pools.items():
             self._capacity.set_max(name, limit, now)
@@ -149,7 +149,7 @@ class Scheduler:
         else:
             self._tier_maps.bring_up(ticket, self._settings.levels)
         ticket.validate(len(self._tiers))
-        gates, pools = self._capacity.route(ticket.candidates)  # unknown candidates raise
+        gates, pools = self._capacity.gates_and_pools(ticket.candidates)  # unknown candidates raise
         if first:
             ticket.arrive(now, next(self._orders), self._settings.level_bounds_s,
                           self._tiers[ticket.tier].max_wait_s)
@@ -212,7 +212,7 @@ class Scheduler:
         """The caller left; a queued ticket is dropped (no-op otherwise)."""
         if ticket.state is QUEUED:
             self._leave(ticket, CANCELLED, now)
-            for pool in self._capacity.route(ticket.candidates)[1]:
+            for pool in self._capacity.gates_and_pools(ticket.candidates)[1]:
                 self._fill(pool, now)  # a hold may have been keeping a slot from it alone
 
     def advance(self, now: float) -> None:
