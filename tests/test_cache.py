@@ -1,5 +1,5 @@
-"""The response cache: deterministic calls only, a canonical key per caller, streamed replay
-as valid SSE, no slot and no upstream tokens for a hit, bounded by TTL and size."""
+"""The response cache: deterministic calls only, a canonical cache key per proxy key,
+streamed replay as valid SSE, no slot and no upstream tokens for a hit, bounded by TTL and size."""
 
 from __future__ import annotations
 
@@ -40,19 +40,19 @@ def test_only_deterministic_calls_are_cached(body: dict[str, Any], expected: boo
     assert deterministic(body) is expected
 
 
-def key(counter: TokenCounter, body: dict[str, Any], caller: str = "app",
+def key(counter: TokenCounter, body: dict[str, Any], key_name: str = "app",
         kind: Any = "chat") -> bytes:
     raw = orjson.dumps({"model": "m", "messages": MESSAGES, **body})
-    return cache_key(caller, parse_call(raw, kind, BodyLimits(), counter))
+    return cache_key(key_name, parse_call(raw, kind, BodyLimits(), counter))
 
 
-def test_the_key_is_the_canonical_request_per_caller(counter: TokenCounter) -> None:
+def test_the_cache_key_is_the_canonical_request_per_key(counter: TokenCounter) -> None:
     base = key(counter, {"temperature": 0, "max_tokens": 5})
     assert key(counter, {"max_tokens": 5, "temperature": 0.0}) == base
     assert key(counter, {"temperature": 0, "max_tokens": 5, "stream": True,
                          "stream_options": {"include_usage": True}, "user": "u1"}) == base
     assert key(counter, {"temperature": 0, "max_tokens": 6}) != base
-    assert key(counter, {"temperature": 0, "max_tokens": 5}, caller="other") != base
+    assert key(counter, {"temperature": 0, "max_tokens": 5}, key_name="other") != base
     assert key(counter, {"temperature": 0, "max_tokens": 5, "seed": 1}) != base
 
 

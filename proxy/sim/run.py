@@ -41,7 +41,7 @@ class Outcome:
 
     arrived: float
     tier: str = ""
-    key: str | None = None  # the caller's name
+    key: str | None = None  # the name of the call's key
     wait_s: float = math.nan  # queued time, every pass included
     code: str | None = None  # the error code of a refused call
     provider: str | None = None
@@ -267,9 +267,9 @@ class _Replay:
             self.waiting.add(found[0], found[1], -1)
 
     @staticmethod
-    def _owner(ticket: Ticket) -> tuple[Attempts, TraceCall, Outcome]:
-        owner: tuple[Attempts, TraceCall, Outcome] = ticket.payload  # type: ignore[assignment]
-        return owner
+    def _payload(ticket: Ticket) -> tuple[Attempts, TraceCall, Outcome]:
+        payload: tuple[Attempts, TraceCall, Outcome] = ticket.payload  # type: ignore[assignment]
+        return payload
 
     def _settle(self, now: float) -> None:
         """Act on the scheduler's decisions, then arm its next wake-up."""
@@ -277,13 +277,13 @@ class _Replay:
         while decisions := scheduler.take():
             for rejection in decisions.rejections:
                 self._left(rejection.ticket)
-                attempts, row, outcome = self._owner(rejection.ticket)
+                attempts, row, outcome = self._payload(rejection.ticket)
                 self._do(attempts, attempts.refused(rejection.code, rejection.retry_after_s,
                                                     now), row, outcome, now)
             for dispatch in decisions.dispatches:
                 self._left(dispatch.ticket)
                 self.waiting.started(dispatch.pool, dispatch.ticket.current_tier)
-                attempts, row, outcome = self._owner(dispatch.ticket)
+                attempts, row, outcome = self._payload(dispatch.ticket)
                 self._do(attempts, attempts.granted(dispatch.deployment, now), row, outcome,
                          now)
         wakeup = scheduler.next_wakeup(now)

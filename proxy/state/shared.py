@@ -49,7 +49,7 @@ class _Waiter:
     rank: int
     arrived: float  # on this replica's monotonic clock
     future: asyncio.Future[bool]  # True: granted; False: go on without Redis
-    key: str = ""  # the caller, whose virtual clock orders it among its rank's keys
+    key: str = ""  # the call's key, whose virtual clock orders it among its rank's keys
     weight: float = 1.0
     claim_ms: int = 0
 

@@ -1,4 +1,4 @@
-"""Admission: the async shell that lets callers wait in the scheduler for a slot.
+"""Admission: the async shell that lets calls wait in the scheduler for a slot.
 
 Each waiter awaits its own future. Whatever changes the pure core (a submit, a release, a
 verdict that pauses a provider, the timer), ``settle`` then resolves exactly the futures

@@ -18,7 +18,7 @@ ON_BEHALF = "x-triage-on-behalf-of"
 class Authenticator:
     def __init__(self, keys: tuple[ApiKey, ...], required: bool,
                  internal_token: str | None = None) -> None:
-        """With no keys configured any caller is accepted (local use); with keys configured
+        """With no keys configured any client is accepted (local use); with keys configured
         but every one disabled (its variable unset), nobody is. ``internal_token``: what
         the proxy's own calls authenticate with (never leaves the machine)."""
         self._by_digest = {k.sha256: k.principal for k in keys}
@@ -30,10 +30,10 @@ class Authenticator:
         token = bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
         if self._internal is not None and ON_BEHALF in headers and token and hmac.compare_digest(
                 secret_digest(token), self._internal):
-            owner = self._by_name.get(headers[ON_BEHALF])
-            if owner is None and self._required:
+            principal = self._by_name.get(headers[ON_BEHALF])
+            if principal is None and self._required:
                 raise InvalidApiKey("The key this work belongs to is no longer configured.")
-            return owner or ANONYMOUS
+            return principal or ANONYMOUS
         if not self._required:
             return ANONYMOUS
         if not token:

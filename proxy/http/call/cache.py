@@ -1,8 +1,8 @@
 """The response cache, opt-in per model (``models.<name>.cache: {ttl_s, max_entries}``).
 
 Only deterministic calls are cached: chat and legacy completions with ``temperature: 0`` or
-a ``seed``. The key is the SHA-256 of the canonical request: the caller's key name (one key
-never sees another's answers), the public model, and the body with its keys sorted, whole
+a ``seed``. The cache key is the SHA-256 of the canonical request: the call's key name (one
+key never sees another's answers), the public model, and the body with its fields sorted, whole
 numbers written alike (``0`` and ``0.0``) and the fields that do not change the answer left
 out (``stream``, ``stream_options``, ``user``, ``metadata``, ``store``, ``service_tier``).
 Identical calls arriving while one of them is on its way upstream wait for its answer
@@ -59,9 +59,9 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def cache_key(caller: str, call: Call) -> bytes:
+def cache_key(key_name: str, call: Call) -> bytes:
     body = {k: v for k, v in call.body.items() if k not in IGNORED_FIELDS and k != "model"}
-    canonical = orjson.dumps([call.kind, caller, call.model, _canonical(body)],
+    canonical = orjson.dumps([call.kind, key_name, call.model, _canonical(body)],
                              option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).digest()
 

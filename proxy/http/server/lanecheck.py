@@ -116,8 +116,8 @@ def what_aiohttp_lacks() -> list[str]:
     return lacking
 
 
-def _parameters(owner: str, function: Callable[..., object],
+def _parameters(shown_as: str, function: Callable[..., object],
                 wanted: tuple[str, ...]) -> list[str]:
     present = inspect.signature(function).parameters
-    return [f"{owner}({name}=)" for name in wanted if name not in present]
+    return [f"{shown_as}({name}=)" for name in wanted if name not in present]
 

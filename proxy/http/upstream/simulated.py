@@ -110,7 +110,7 @@ def _error_response(status: int, code: str, message: str) -> SimulatedResponse:
 class SimulatedResponse:
     def __init__(
         self,
-        owner: SimulatedUpstream | None,
+        upstream: SimulatedUpstream | None,
         answer: Answer | None,
         ttft_s: float,
         stream: bool,
@@ -122,21 +122,21 @@ class SimulatedResponse:
         self.status = status
         content_type = "text/event-stream" if stream and status == 200 else "application/json"
         self.headers: Mapping[str, str] = {"content-type": content_type}
-        self._owner = owner
+        self._upstream = upstream
         self._answer = answer
         self._ttft_s = ttft_s
         self._include_usage = include_usage
         self._body = body
         self._closed = False
         self.ended = False
-        if owner is not None:
-            owner.active += 1
+        if upstream is not None:
+            upstream.active += 1
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._owner is not None:
-                self._owner.active -= 1
+            if self._upstream is not None:
+                self._upstream.active -= 1
 
     def _words(self, start: int, stop: int) -> list[str]:
         n_out = self._answer.n_out if self._answer else 0
@@ -144,17 +144,17 @@ class SimulatedResponse:
 
     async def read(self) -> bytes:
         try:
-            if self._owner is None or self._answer is None:
+            if self._upstream is None or self._answer is None:
                 return self._body
             n_out = self._answer.n_out
-            await asyncio.sleep(self._ttft_s + n_out / self._owner.settings.tokens_per_s)
+            await asyncio.sleep(self._ttft_s + n_out / self._upstream.settings.tokens_per_s)
             return self._answer.whole("".join(self._words(0, n_out)))
         finally:
             self.close()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            if self._owner is None or self._answer is None:
+            if self._upstream is None or self._answer is None:
                 self.ended = True
                 yield self._body
                 return
@@ -163,7 +163,7 @@ class SimulatedResponse:
             opening = answer.opening()
             if opening:
                 yield opening
-            per_token = 1.0 / self._owner.settings.tokens_per_s
+            per_token = 1.0 / self._upstream.settings.tokens_per_s
             batch = max(1, int(_CHUNK_BATCH_S / per_token))
             for start in range(0, answer.n_out, batch):
                 part = self._words(start, start + batch)
