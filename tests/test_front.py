@@ -234,8 +234,9 @@ def front_of(proxy: TestServer) -> FrontServer:
     return proxy.runner.server
 
 
-def lanes(proxy: TestServer) -> int:
-    return len(front_of(proxy).lanes)
+def in_lane(proxy: TestServer) -> int:
+    """Connections the fast lane serves now."""
+    return len(front_of(proxy).in_lane)
 
 
 class Answers:
@@ -290,11 +291,11 @@ async def test_calls_on_one_connection_stay_in_the_lane_until_another_route(
     for _ in range(2):
         writer.write(post())
         assert is_completion((await answers.read(1))[0])
-        assert lanes(proxy) == 1
+        assert in_lane(proxy) == 1
     writer.write(GET_MODELS)
     (status, body), = await answers.read(1)
     assert status == 200 and orjson.loads(body)["data"][0]["id"] == "m"
-    assert lanes(proxy) == 0  # aiohttp has it now, and serves calls on it too
+    assert in_lane(proxy) == 0  # aiohttp has it now, and serves calls on it too
     writer.write(post())
     assert is_completion((await answers.read(1))[0])
     assert len(fake.seen) == 3
@@ -324,7 +325,7 @@ async def test_a_call_trickling_in_byte_by_byte_is_served(
         await writer.drain()
         await asyncio.sleep(0)
     assert is_completion((await answers.read(1))[0])
-    assert lanes(proxy) == 1
+    assert in_lane(proxy) == 1
     writer.close()
 
 
@@ -345,7 +346,7 @@ async def test_what_the_lane_leaves_aiohttp_answers(
     got, = await answers.read(1)
     assert got[0] == status
     assert status != 200 or is_completion(got)
-    assert lanes(proxy) == 0
+    assert in_lane(proxy) == 0
     writer.close()
 
 
@@ -398,7 +399,7 @@ async def test_pipelined_bytes_past_the_hold_limit_pause_reading_then_are_served
     writer, answers = await connect(proxy)
     writer.write(post() * 6)
     await asyncio.sleep(0.1)
-    lane, = front_of(proxy).lanes
+    lane, = front_of(proxy).in_lane
     assert lane._held  # the first call is still upstream
     got = await answers.read(6)
     assert all(is_completion(answer) for answer in got)
@@ -415,7 +416,7 @@ async def test_an_idle_connection_closes_after_the_keepalive_limit_a_busy_one_do
     writer.write(post())
     assert is_completion((await answers.read(1))[0])  # took longer than the limit
     assert await answers.closed(3)
-    assert lanes(proxy) == 0
+    assert in_lane(proxy) == 0
     writer.close()
 
 
@@ -462,7 +463,7 @@ async def test_a_wrong_key_is_refused_before_its_body_has_come(
     assert status == 401 and orjson.loads(body)["error"]["code"] == "invalid_api_key"
     # The rest is read and dropped for lingering_time, then the connection is closed.
     assert await answers.closed(2)
-    assert not fake.seen and lanes(proxy) == 0
+    assert not fake.seen and in_lane(proxy) == 0
     writer.close()
 
 
@@ -499,7 +500,7 @@ async def test_lane_connections_have_tcp_keepalive_like_aiohttps(
     writer, answers = await connect(proxy)
     writer.write(post())
     await answers.read(1)
-    lane, = front_of(proxy).lanes
+    lane, = front_of(proxy).in_lane
     assert lane.transport is not None
     sock = lane.transport.get_extra_info("socket")
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1

@@ -172,7 +172,7 @@ class FrontProtocol(BaseProtocol):
         super().connection_made(transport)
         if self._front.tcp_keepalive:
             tcp_keepalive(cast(asyncio.Transport, transport))
-        self._front.lanes.add(self)
+        self._front.in_lane.add(self)
         if self._front.keepalive_s > 0:
             self._timer = self._loop.call_at(self._idle_since + self._front.keepalive_s,
                                              self._on_timer)
@@ -184,9 +184,9 @@ class FrontProtocol(BaseProtocol):
                 timer.cancel()
         task = self._task_handler
         if task is None:
-            self._front.lanes.discard(self)
+            self._front.in_lane.discard(self)
         else:  # as aiohttp does: the handler is cancelled, and waited for at shutdown
-            task.add_done_callback(lambda _: self._front.lanes.discard(self))
+            task.add_done_callback(lambda _: self._front.in_lane.discard(self))
             if self._front.handler_cancellation:
                 task.cancel()
 
@@ -301,7 +301,7 @@ class FrontProtocol(BaseProtocol):
     def _hand_over(self) -> None:
         transport = self.transport
         assert transport is not None
-        self._front.lanes.discard(self)
+        self._front.in_lane.discard(self)
         if self._timer is not None:
             self._timer.cancel()
         data, self._buffer = bytes(self._buffer), bytearray()
@@ -368,7 +368,7 @@ class FrontServer(web.Server):
         self.app = app
         self.routes = routes
         self.loop = asyncio.get_running_loop()
-        self.lanes: set[FrontProtocol] = set()
+        self.in_lane: set[FrontProtocol] = set()  # connections the lane serves now
         # The runner's settings for aiohttp's RequestHandler hold in the lane too.
         settings = {**_AIOHTTP_DEFAULTS, **inner._kwargs}
         self.keepalive_s: float = settings["keepalive_timeout"]
@@ -383,14 +383,14 @@ class FrontServer(web.Server):
         return FrontProtocol(self)
 
     def pre_shutdown(self) -> None:
-        for lane in list(self.lanes):
-            lane.close()
+        for connection in list(self.in_lane):
+            connection.close()
         self.inner.pre_shutdown()
 
     async def shutdown(self, timeout: float | None = None) -> None:
         await asyncio.gather(self.inner.shutdown(timeout),
-                             *(lane.shutdown(timeout) for lane in list(self.lanes)))
-        self.lanes.clear()
+                             *(c.shutdown(timeout) for c in list(self.in_lane)))
+        self.in_lane.clear()
 
 
 class FrontRunner(web.AppRunner):
