@@ -133,19 +133,19 @@ class LatencyModel:
 
     def expect_ttft_s(self, deployment: str) -> float | None:
         """Learned base time to first token, or None before any observation."""
-        state = self._deployments.get(deployment)
-        if state is None or state.ttft_s.samples == 0:
+        learned = self._deployments.get(deployment)
+        if learned is None or learned.ttft_s.samples == 0:
             return None
-        return state.ttft_s.value
+        return learned.ttft_s.value
 
     def expect_seconds_per_token(self, deployment: str) -> float:
-        state = self._deployments.get(deployment)
-        return state.seconds_per_token.value if state else self._seconds_per_token_prior
+        learned = self._deployments.get(deployment)
+        return learned.seconds_per_token.value if learned else self._seconds_per_token_prior
 
     def expect_service_s(self, deployment: str, prompt_tokens: int, output_tokens: int) -> float:
-        state = self._deployments.get(deployment)
-        ttft = state.ttft_s.value if state else self._ttft_prior_s
-        per_token = state.seconds_per_token.value if state else self._seconds_per_token_prior
+        learned = self._deployments.get(deployment)
+        ttft = learned.ttft_s.value if learned else self._ttft_prior_s
+        per_token = learned.seconds_per_token.value if learned else self._seconds_per_token_prior
         prefill = (prompt_tokens if prompt_tokens > 0 else 0) * self._prefill
         return ttft + prefill + (output_tokens if output_tokens > 0 else 0) * per_token
 
@@ -162,12 +162,12 @@ class LatencyModel:
         ``ttft_s`` is None when it is unknown (a non-streamed response); then only the
         per-token time is learned, from the part of ``total_s`` beyond the expected TTFT.
         """
-        state = self._deployments.get(deployment)
-        if state is None:
-            state = _Deployment(
+        learned = self._deployments.get(deployment)
+        if learned is None:
+            learned = _Deployment(
                 Ewma(self._ttft_prior_s), Ewma(self._seconds_per_token_prior)
             )
-            self._deployments[deployment] = state
+            self._deployments[deployment] = learned
         prefill = (prompt_tokens if prompt_tokens > 0 else 0) * self._prefill
         if not total_s > 0.0:
             total_s = 0.0
@@ -176,16 +176,16 @@ class LatencyModel:
             if total_s < first_token_at:
                 first_token_at = total_s
             ttft = first_token_at - prefill
-            state.ttft_s.update(ttft if ttft > 0.0 else 0.0, self._alpha)
+            learned.ttft_s.update(ttft if ttft > 0.0 else 0.0, self._alpha)
             # The first token arrives at ttft; the rest stream after it.
             streamed = output_tokens - 1
         else:
-            first_token_at = state.ttft_s.value + prefill
+            first_token_at = learned.ttft_s.value + prefill
             streamed = output_tokens
         # A non-streamed call faster than the expected TTFT cannot be split; skip it
         # rather than teach a per-token time of zero.
         if streamed > 0 and total_s > first_token_at:
-            state.seconds_per_token.update((total_s - first_token_at) / streamed, self._alpha)
+            learned.seconds_per_token.update((total_s - first_token_at) / streamed, self._alpha)
 
 
 def relative_error(predicted: float, actual: float, floor: float = 1.0) -> float:

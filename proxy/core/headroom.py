@@ -57,30 +57,30 @@ class Headroom:
 
     def note_idle(self, provider: str, now: float, held: int) -> None:
         """From ``now`` on, ``held`` free slots of ``provider`` are kept from waiting calls."""
-        state = self._idle.get(provider)
-        if state is None:
+        entry = self._idle.get(provider)
+        if entry is None:
             if not held:
                 return
-            state = self._idle[provider] = [0.0, now, 0.0]
-        elif not held and not state[2]:
+            entry = self._idle[provider] = [0.0, now, 0.0]
+        elif not held and not entry[2]:
             return  # idle stays as it was, decaying from its stamp
-        state[0] = _idle_at(state, now)
-        state[1] = now
-        state[2] = float(held)
+        entry[0] = _idle_at(entry, now)
+        entry[1] = now
+        entry[2] = float(held)
 
     def budget_spent(self, provider: str, now: float, capacity: int) -> bool:
-        state = self._idle.get(provider)
-        return state is not None and _idle_at(state, now) >= (
+        entry = self._idle.get(provider)
+        return entry is not None and _idle_at(entry, now) >= (
             self._budget * capacity * BUDGET_HORIZON_S)
 
     def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
         """When the slots held now would spend the budget (None: they never would)."""
-        state = self._idle.get(provider)
-        if state is None or not state[2]:
+        entry = self._idle.get(provider)
+        if entry is None or not entry[2]:
             return None
         budget = self._budget * capacity * BUDGET_HORIZON_S
-        steady = state[2] * BUDGET_HORIZON_S  # what holding them for ever tends to
-        idle = _idle_at(state, now)
+        steady = entry[2] * BUDGET_HORIZON_S  # what holding them for ever tends to
+        idle = _idle_at(entry, now)
         if steady <= budget:
             return None
         if idle >= budget:
@@ -220,8 +220,8 @@ class Headroom:
         return value * math.exp(-(now - stamp) / self._horizon)
 
 
-def _idle_at(state: list[float], now: float) -> float:
+def _idle_at(entry: list[float], now: float) -> float:
     """The EWMA of idle slot-seconds at ``now``: what it was at its stamp, decayed, plus
     what the slots held since then added."""
-    decay = math.exp(-(now - state[1]) / BUDGET_HORIZON_S)
-    return state[0] * decay + state[2] * BUDGET_HORIZON_S * (1.0 - decay)
+    decay = math.exp(-(now - entry[1]) / BUDGET_HORIZON_S)
+    return entry[0] * decay + entry[2] * BUDGET_HORIZON_S * (1.0 - decay)

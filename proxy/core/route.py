@@ -125,16 +125,16 @@ def rank(
     """The usable deployments for this call, best first.
 
     Order by the tier's strategy (ties keep the configured order); keep those within the
-    tier's ``max_cost`` (if none is, keep the single cheapest, so a tight budget degrades the
-    call rather than refusing it); then drop the unavailable ones. An empty list means every
+    tier's ``max_cost`` (if none is, keep the single cheapest, so a tight ``max_cost`` degrades
+    the call rather than refusing it); then drop the unavailable ones. An empty list means every
     deployment the policy allows is unavailable.
     """
     ordered = _order(
         route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens
     )
-    budget = route.max_cost.get(tier)
-    if budget is not None:
-        affordable = [d for d in ordered if d.cost(prompt_tokens, output_tokens) <= budget]
+    max_cost = route.max_cost.get(tier)
+    if max_cost is not None:
+        affordable = [d for d in ordered if d.cost(prompt_tokens, output_tokens) <= max_cost]
         if affordable or not ordered:
             ordered = affordable
         else:

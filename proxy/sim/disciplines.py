@@ -136,10 +136,10 @@ class _Reference:
                 waiting.add(i)
                 self._join(tier, i)
                 counted.add(self._pools(call), tier)
-                limit = self.config.tiers[tier].max_wait_s if outcome.tier in self.rank else (
+                max_wait_s = self.config.tiers[tier].max_wait_s if outcome.tier in self.rank else (
                     math.inf)
-                if math.isfinite(limit):
-                    heapq.heappush(events, (now + limit, _DEADLINE, next(order), i, ""))
+                if math.isfinite(max_wait_s):
+                    heapq.heappush(events, (now + max_wait_s, _DEADLINE, next(order), i, ""))
             self._fill(calls, outcomes, waiting, counted, events, order, now)
         return Simulation(outcomes, makespan(outcomes), self.busy, counted.inversions)
 

@@ -55,9 +55,9 @@ class SimulatedUpstream:
         shape = ANSWERS.get(request.path)
         if shape is None:
             return _error_response(404, "not_found", f"no {request.path} here")
-        limit = (body.get("max_completion_tokens") or body.get("max_tokens")
+        asked = (body.get("max_completion_tokens") or body.get("max_tokens")
                  or body.get("max_output_tokens"))
-        n_out = limit if isinstance(limit, int) and limit > 0 else s.default_output_tokens
+        n_out = asked if isinstance(asked, int) and asked > 0 else s.default_output_tokens
         n_out = min(n_out, s.max_output_tokens)
         include_usage = isinstance(body.get("stream_options"), dict) and bool(
             body["stream_options"].get("include_usage")

@@ -148,9 +148,9 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._begin(False, 0.0, 0.0, 0)
 
-    def _begin(self, stream: bool, budget_s: float, idle_s: float, max_bytes: int) -> None:
+    def _begin(self, stream: bool, timeout_s: float, idle_s: float, max_bytes: int) -> None:
         self._stream = stream
-        self._budget_s = budget_s
+        self._timeout_s = timeout_s
         self._idle_s = idle_s
         self._max_bytes = max_bytes
         self.status = 0
@@ -172,13 +172,13 @@ class Connection(asyncio.Protocol):
     # --- the call's side ------------------------------------------------------------------
 
     async def call(self, head: bytes, body: bytes, *, stream: bool, deadline: float,
-                   budget_s: float, idle_s: float, max_bytes: int) -> None:
+                   timeout_s: float, idle_s: float, max_bytes: int) -> None:
         """Sends the request; returns once the answer's head is in (``status``,
-        ``headers``), within ``deadline`` (which is ``budget_s`` after the call began).
+        ``headers``), within ``deadline`` (which is ``timeout_s`` after the call began).
         The caller must ``release`` the connection on every path."""
         assert self._transport is not None and not self._busy
         self._busy = True
-        self._begin(stream, budget_s, idle_s, max_bytes)
+        self._begin(stream, timeout_s, idle_s, max_bytes)
         self._timer = self._loop.call_at(deadline, self._expire)
         self._transport.writelines((head, body))
         while not self._head:
@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
                 return
             self._fail(UpstreamTimeout("upstream stream stalled"))
         elif not self._head:
-            self._fail(UpstreamTimeout(f"no response within {self._budget_s:g}s"))
+            self._fail(UpstreamTimeout(f"no response within {self._timeout_s:g}s"))
         elif self._stream:
             self._fail(UpstreamTimeout("upstream stream stalled"))
         else:

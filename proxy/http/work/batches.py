@@ -81,7 +81,7 @@ async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
     return _json(file_doc({**row, "bytes": len(content)}))
 
 
-async def _read_form(request: web.Request, limit: int) -> tuple[str | None, str, bytearray]:
+async def _read_form(request: web.Request, max_bytes: int) -> tuple[str | None, str, bytearray]:
     """The ``purpose`` and ``file`` parts of an upload, read whole: (purpose, file name,
     content). Anything malformed in it raises from aiohttp's reader, to be answered 400."""
     reader = await request.multipart()
@@ -96,8 +96,8 @@ async def _read_form(request: web.Request, limit: int) -> tuple[str | None, str,
             filename = (part.filename or "upload.jsonl")[:256]
             while chunk := await part.read_chunk():
                 content += chunk
-                if len(content) > limit:
-                    raise RequestTooLarge(f"The file is larger than {limit} bytes "
+                if len(content) > max_bytes:
+                    raise RequestTooLarge(f"The file is larger than {max_bytes} bytes "
                                           "(batch.max_file_bytes).")
     return purpose, filename, content
 

@@ -156,9 +156,9 @@ class Work:
             await self._store.close()
 
     async def check_room(self, incoming: int) -> None:
-        limit = self.config.storage.max_bytes
-        if await self.size_bytes() + incoming > limit:
-            raise StorageFull(f"The proxy's storage is full ({limit} bytes); delete files or "
+        max_bytes = self.config.storage.max_bytes
+        if await self.size_bytes() + incoming > max_bytes:
+            raise StorageFull(f"The proxy's storage is full ({max_bytes} bytes); delete files or "
                               "wait for finished work to expire.")
 
     async def size_bytes(self) -> int:
@@ -226,10 +226,10 @@ class Work:
         if self._loopback is None:
             raise UpstreamConnectError("the proxy is not listening yet")
         headers = {ON_BEHALF: owner, "X-Priority": self._tier(), "x-request-id": request_id}
-        budget = max(until - self.clock.wall(), RETRY_MIN_S)
+        timeout_s = max(until - self.clock.wall(), RETRY_MIN_S)
         response = await self._loopback.send(
             UpstreamRequest(path, body, "", False, headers),
-            Timeouts(LOOPBACK_CONNECT_S, budget, budget, budget))
+            Timeouts(LOOPBACK_CONNECT_S, timeout_s, timeout_s, timeout_s))
         return response.status, await response.read(), parse_retry_after(response.headers)
 
     def _tier(self) -> str:
