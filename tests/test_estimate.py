@@ -192,7 +192,7 @@ def test_service_time_is_finite_and_non_negative(
 
 
 @pytest.mark.parametrize(
-    ("predicted", "actual", "floor", "expected"),
+    ("predicted", "actual", "min_actual", "expected"),
     [
         (100, 100, 1.0, 0.0),
         (150, 100, 1.0, 0.5),
@@ -202,8 +202,9 @@ def test_service_time_is_finite_and_non_negative(
         (0, 0, 1.0, 0.0),
     ],
 )
-def test_relative_error(predicted: float, actual: float, floor: float, expected: float) -> None:
-    assert relative_error(predicted, actual, floor) == pytest.approx(expected)
+def test_relative_error(predicted: float, actual: float, min_actual: float,
+                        expected: float) -> None:
+    assert relative_error(predicted, actual, min_actual) == pytest.approx(expected)
 
 
 @given(

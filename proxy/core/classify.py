@@ -36,7 +36,7 @@ Source = Literal["header", "service_tier", "rule", "key", "default"]
 class Principal:
     """Who is calling: the proxy key's name, its tier policy and its own rate limits.
 
-    ``max_tier`` is the most urgent tier the caller may reach (0 = the most urgent of
+    ``max_tier`` is the most urgent tier the key may reach (0 = the most urgent of
     all); configured keys default it to their own tier, so they fail closed.
     """
 
@@ -128,7 +128,7 @@ class ClassifySettings:
         return len(self.tier_names) - 1
 
 
-ANONYMOUS = Principal(name="anonymous")  # the caller when no proxy keys are configured
+ANONYMOUS = Principal(name="anonymous")  # every call's principal when no proxy keys are configured
 
 
 @value

@@ -188,10 +188,10 @@ class LatencyModel:
             learned.seconds_per_token.update((total_s - first_token_at) / streamed, self._alpha)
 
 
-def relative_error(predicted: float, actual: float, floor: float = 1.0) -> float:
+def relative_error(predicted: float, actual: float, min_actual: float = 1.0) -> float:
     """Signed relative error ``(predicted - actual) / actual``; positive means over-estimate.
 
-    ``floor`` bounds the denominator from below (e.g. 1 token, or 0.01 s) so a zero
+    ``min_actual`` bounds the denominator from below (e.g. 1 token, or 0.01 s) so a zero
     actual does not produce an infinity in a histogram.
     """
-    return (predicted - actual) / (floor if floor > actual else actual)
+    return (predicted - actual) / (min_actual if min_actual > actual else actual)

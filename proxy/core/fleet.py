@@ -208,9 +208,9 @@ class Fleet:
         if others > 0:
             return
         streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1
-        floor = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
+        shortest = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
         pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s
-        self._scheduler.pause(deployment.id, now + min(max(pause, floor), THROTTLE_MAX_S), now)
+        self._scheduler.pause(deployment.id, now + min(max(pause, shortest), THROTTLE_MAX_S), now)
 
     def observe_quota(self, provider: str, headers: Mapping[str, str], now: float) -> None:
         """Pause a provider that reports its quota spent, before it starts answering 429."""

@@ -10,7 +10,7 @@ of the last call it dispatched, so a key that was quiet banks nothing. A key's f
 corrected by what its calls really took when their slots come back, so a key whose calls
 claim less than they take pays for what they took.
 
-With one key (no keys configured: every caller is one), the order is arrival order.
+With one key (no keys configured: every call is of one), the order is arrival order.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ class Plan:
     route: ModelRoute
     tier: int
     tier_name: str
-    ceiling: int  # the most urgent tier the caller may reach, aging included
+    ceiling: int  # the most urgent tier the call may reach, aging included
     prompt_tokens: int
     output_tokens: int  # expected per choice, never above any candidate's max_output_tokens
     caller: str  # the principal's name

@@ -37,7 +37,7 @@ class RetryBudget:
         if ratio < 0 or min_per_s < 0:
             raise ValueError("ratio and min_per_s must not be negative")
         self.ratio = ratio
-        self.reserve = min_per_s * window_s
+        self.min_retries = min_per_s * window_s
         self._counts = RollingCounts(window_s)
 
     def on_call(self, now: float) -> None:
@@ -45,7 +45,7 @@ class RetryBudget:
 
     def available(self, now: float) -> float:
         """Retries that could be made now (may be fractional)."""
-        allowed = self.ratio * self._counts.total("calls", now) + self.reserve
+        allowed = self.ratio * self._counts.total("calls", now) + self.min_retries
         return max(0.0, allowed - self._counts.total("retries", now))
 
     def try_retry(self, now: float) -> bool:

@@ -191,7 +191,7 @@ class Scheduler:
 
     def give_back(self, ticket: Ticket, now: float) -> None:
         """The slot a ticket was granted goes back unused (its provider's rate limit was
-        spent, its caller left): what its tier was charged for it is refunded."""
+        spent, its client left): what its tier was charged for it is refunded."""
         self._release(ticket, now, None, used=False)
 
     def _release(self, ticket: Ticket, now: float, service_s: float | None,
@@ -209,7 +209,7 @@ class Scheduler:
         self._fill(pool, now)
 
     def cancel(self, ticket: Ticket, now: float) -> None:
-        """The caller left; a queued ticket is dropped (no-op otherwise)."""
+        """The client left; a queued ticket is dropped (no-op otherwise)."""
         if ticket.state is QUEUED:
             self._leave(ticket, CANCELLED, now)
             for pool in self._capacity.gates_and_pools(ticket.candidates)[1]:

@@ -134,7 +134,7 @@ class Ticket:
     tier's fair share and the headroom and corrected by the real service time at release;
     ``size_s`` is a stable measure of the call's size that picks its level (default: the
     estimate), so identical calls always join the same level. ``ceiling`` is the most
-    urgent tier aging may move the call into. ``key`` is the caller, which shares its
+    urgent tier aging may move the call into. ``key`` is the call's key, which shares its
     tier with the tier's other keys by ``key_weight`` (``proxy.core.keys``).
     """
 

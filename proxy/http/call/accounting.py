@@ -24,5 +24,5 @@ def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Us
         metrics.estimate_error.get("output_tokens").observe(
             abs(relative_error(plan.output_tokens, usage.completion_tokens)))
     metrics.estimate_error.get("service_seconds").observe(
-        abs(relative_error(predicted_s, took_s, floor=0.01)))
+        abs(relative_error(predicted_s, took_s, min_actual=0.01)))
     return cost

@@ -38,7 +38,7 @@ def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _caller(request: web.Request) -> tuple[str, Work]:
+def _owner(request: web.Request) -> tuple[str, Work]:
     work = request.app[WORK]
     return work.owner_of(request.headers), work
 
@@ -56,7 +56,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 # --- files ------------------------------------------------------------------------------
 
 async def create_file(request: web.Request) -> web.Response:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     async with work.heavy:  # a few uploads at once, each up to max_file_bytes in memory
         return await _upload(request, owner, work)
 
@@ -103,7 +103,7 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[str | None, 
 
 
 async def _file(request: web.Request) -> tuple[str, Work, dict[str, Any]]:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     found = await work.store().file(request.match_info["file_id"], owner)
     if found is None:
         raise NotFound("No such file.")
@@ -126,7 +126,7 @@ async def file_content(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     """OpenAI's list: ``purpose``, ``order`` (``desc``, newest first, or ``asc``),
     ``limit`` (1 to 10,000) and ``after`` (a file id: the ones after it in that order)."""
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     query = request.query
     purpose, order, after = query.get("purpose"), query.get("order", "desc"), query.get("after")
     limit = _limit(query.get("limit"), MAX_FILES_LISTED, MAX_FILES_LISTED)
@@ -169,7 +169,7 @@ async def delete_file(request: web.Request) -> web.Response:
 # --- batches ----------------------------------------------------------------------------
 
 async def create_batch(request: web.Request) -> web.Response:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     body = await _body(request)
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
@@ -224,7 +224,7 @@ async def _counted(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, 
 
 
 async def _batch(request: web.Request) -> tuple[Work, str, dict[str, Any]]:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     batch_id = request.match_info["batch_id"]
     found = await work.store().batch(batch_id, owner)
     if found is None:
@@ -238,7 +238,7 @@ async def get_batch(request: web.Request) -> web.Response:
 
 
 async def list_batches(request: web.Request) -> web.Response:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     limit = _limit(request.query.get("limit"), 20, MAX_LIST)
     docs = await work.store().batches(owner, request.query.get("after"), limit + 1)
     data = [orjson.loads(doc) for doc in docs[:limit]]
@@ -296,7 +296,7 @@ async def _background(request: Incoming, owner: str, call: Call) -> web.Response
 
 
 async def _response(request: web.Request) -> tuple[Work, str, str, bytes]:
-    owner, work = _caller(request)
+    owner, work = _owner(request)
     response_id = request.match_info["response_id"]
     found = (await work.store().response(response_id, owner)
              if work.opened or work.exists() else None)
