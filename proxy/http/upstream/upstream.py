@@ -97,12 +97,12 @@ class HttpUpstream:
 
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> HttpResponse:
         timeout_s = timeouts.first_byte_s if request.stream else timeouts.response_s
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        timeout_at = asyncio.get_running_loop().time() + timeout_s
         connect_s = timeout_s if timeout_s < timeouts.connect_s else timeouts.connect_s
         conn = await self._origin.connection(connect_s)
         head = self._head(request)
         call = partial(Connection.call, head=head, body=request.body, stream=request.stream,
-                       deadline=deadline, timeout_s=timeout_s, idle_s=timeouts.idle_s,
+                       timeout_at=timeout_at, timeout_s=timeout_s, idle_s=timeouts.idle_s,
                        max_bytes=self._max_response_bytes)
         try:
             try:

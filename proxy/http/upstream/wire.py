@@ -1,5 +1,5 @@
 """A lean HTTP/1.1 client for provider calls: keep-alive connections per origin, the
-response parsed by httptools (llhttp), every deadline of a call kept by one timer.
+response parsed by httptools (llhttp), every timeout of a call kept by one timer.
 
 aiohttp's client cost more CPU per call than the proxy's own request path (the overhead
 is measured as docs/benchmarks.md says). This one does what a provider call needs and no
@@ -159,7 +159,7 @@ class Connection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._until_close = False
-        self._flowing = False  # a stream's first chunk is in: the idle deadline applies
+        self._flowing = False  # a stream's first chunk is in: the idle timeout applies
         self._error: UpstreamError | None = None
         self._decoder: zlib._Decompress | None = None
         self._buffered = 0
@@ -171,15 +171,15 @@ class Connection(asyncio.Protocol):
 
     # --- the call's side ------------------------------------------------------------------
 
-    async def call(self, head: bytes, body: bytes, *, stream: bool, deadline: float,
+    async def call(self, head: bytes, body: bytes, *, stream: bool, timeout_at: float,
                    timeout_s: float, idle_s: float, max_bytes: int) -> None:
         """Sends the request; returns once the answer's head is in (``status``,
-        ``headers``), within ``deadline`` (which is ``timeout_s`` after the call began).
+        ``headers``); ``timeout_at`` (loop time, ``timeout_s`` after the call began) ends it.
         The caller must ``release`` the connection on every path."""
         assert self._transport is not None and not self._busy
         self._busy = True
         self._begin(stream, timeout_s, idle_s, max_bytes)
-        self._timer = self._loop.call_at(deadline, self._expire)
+        self._timer = self._loop.call_at(timeout_at, self._expire)
         self._transport.writelines((head, body))
         while not self._head:
             await self._wait()
@@ -251,7 +251,7 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    # --- deadlines --------------------------------------------------------------------------
+    # --- timeouts ---------------------------------------------------------------------------
 
     def _expire(self) -> None:
         self._timer = None
