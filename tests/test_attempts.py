@@ -251,7 +251,7 @@ def test_a_lying_max_tokens_is_capped_in_every_estimate(max_tokens: int) -> None
     call.finish(1.0, Verdict.SUCCESS, status=200, completion_tokens=2**62)
     assert call.attempts.usage is not None and not call.attempts.usage.reported
     assert engine.fleet.provider_rates["a"].tokens is not None
-    assert engine.fleet.provider_rates["a"].tokens.level(1.0) >= -100_000
+    assert engine.fleet.provider_rates["a"].tokens.available(1.0) >= -100_000
     assert isinstance(Call(engine, now=2.0).queue(2.0), Send)  # nobody else is stuck
 
 

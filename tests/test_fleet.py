@@ -34,8 +34,9 @@ def test_an_open_breaker_takes_nothing_from_the_buckets() -> None:
     f.end(DEPLOYMENT, Verdict.FAILURE, 0.1, 0.0, 10, None)
     assert f.down(DEPLOYMENT.id, 0.2)
     assert f.begin(DEPLOYMENT, False, 10, 0.2) is Start.DOWN
-    assert f.provider_rates["p"].requests is not None
-    assert f.provider_rates["p"].requests.level(0.2) == pytest.approx(0.0, abs=0.01)  # the one call
+    requests = f.provider_rates["p"].requests
+    assert requests is not None
+    assert requests.available(0.2) == pytest.approx(0.0, abs=0.01)  # the one call
 
 
 def test_a_retry_the_budget_refuses_gives_its_tokens_back() -> None:
@@ -43,7 +44,7 @@ def test_a_retry_the_budget_refuses_gives_its_tokens_back() -> None:
     f.retry_budgets["p"] = RetryBudget(ratio=0.0, min_per_s=0.0)
     assert f.begin(DEPLOYMENT, True, 600, 0.0) is Start.BUDGET_SPENT
     tokens = f.provider_rates["p"].tokens
-    assert tokens is not None and tokens.level(0.0) == 1000
+    assert tokens is not None and tokens.available(0.0) == 1000
 
 
 def test_a_spent_rate_limit_pauses_the_provider_until_it_refills() -> None:
@@ -66,7 +67,7 @@ def test_provider_tokens_are_reconciled_with_what_the_call_used(
     assert f.begin(DEPLOYMENT, False, 600, 0.0) is Start.GO
     f.end(DEPLOYMENT, verdict, 0.0, 0.0, 600, used)
     assert f.provider_rates["p"].tokens is not None
-    assert f.provider_rates["p"].tokens.level(0.0) == pytest.approx(left)
+    assert f.provider_rates["p"].tokens.available(0.0) == pytest.approx(left)
 
 
 def test_a_keys_share_is_reconciled_with_its_usage_or_refunded() -> None:
@@ -76,7 +77,7 @@ def test_a_keys_share_is_reconciled_with_its_usage_or_refunded() -> None:
     assert f.take_key("k", 900, 0.0) == 0.0
     f.settle_key("k", 900, None, 0.0)  # never went upstream: everything back
     assert f.key_rates["k"].tokens is not None
-    assert f.key_rates["k"].tokens.level(0.0) == pytest.approx(900)
+    assert f.key_rates["k"].tokens.available(0.0) == pytest.approx(900)
     assert f.take_key("k", 1, 0.0) == 0.0  # the refunded call's request came back too
     assert f.take_key("k", 1, 0.0) > 0  # two requests a minute: both spent
 

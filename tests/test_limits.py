@@ -112,12 +112,12 @@ def test_token_bucket_adjust_refunds_and_charges() -> None:
     bucket = TokenBucket(rate_per_min=600, burst=100)
     assert bucket.take(100, 0.0) == 0.0
     bucket.adjust(40, 0.0)  # estimated 100, used 60
-    assert bucket.level(0.0) == pytest.approx(40)
+    assert bucket.available(0.0) == pytest.approx(40)
     bucket.adjust(-100, 0.0)  # used 100 more than estimated: debt
-    assert bucket.level(0.0) == pytest.approx(-60)
+    assert bucket.available(0.0) == pytest.approx(-60)
     assert bucket.take(10, 0.0) == pytest.approx(7.0)  # 70 tokens at 10/s
     bucket.adjust(1000, 0.0)
-    assert bucket.level(0.0) == 100  # capped at the burst
+    assert bucket.available(0.0) == 100  # capped at the burst
 
 
 @settings(max_examples=100, deadline=None)
@@ -247,10 +247,10 @@ def test_reported_tokens_are_spent_locally_until_the_reset() -> None:
 def test_one_absurd_number_leaves_a_bucket_at_most_one_refill_in_debt(absurd: float) -> None:
     bucket = TokenBucket(rate_per_min=600)  # 10 a second, burst 600
     assert bucket.take(absurd, 0.0) == 0.0  # a full bucket lets it through once...
-    assert bucket.level(0.0) == -600  # ...and the debt stops at -capacity
+    assert bucket.available(0.0) == -600  # ...and the debt stops at -capacity
     assert bucket.take(1, 0.0) == pytest.approx(60.1)
     bucket.adjust(-absurd, 200.0)
-    assert bucket.level(200.0) == -600
+    assert bucket.available(200.0) == -600
 
 
 def test_rate_limits_refund_gives_back_what_take_took() -> None:

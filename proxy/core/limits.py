@@ -61,7 +61,7 @@ EPSILON = 1e-9
 class TokenBucket:
     """``rate_per_min`` tokens a minute, holding at most ``burst`` (default: one minute's worth).
 
-    The level may go negative after an oversized ``take`` or an ``adjust`` that charges more
+    What it holds may go negative after an oversized ``take`` or an ``adjust`` that charges more
     than was estimated; that debt is repaid by the refill before anything else is taken. It
     never goes below ``-capacity``, so one absurd number cannot stop the bucket for longer
     than two refills.
@@ -74,12 +74,13 @@ class TokenBucket:
         self.capacity = rate_per_min if burst is None else burst
         if self.capacity <= 0:
             raise ValueError("burst must be positive")
-        self._level = self.capacity
+        self._available = self.capacity
         self._updated: float | None = None
 
-    def level(self, now: float) -> float:
+    def available(self, now: float) -> float:
+        """The tokens in the bucket at ``now`` (negative: a debt)."""
         self._refill(now)
-        return self._level
+        return self._available
 
     def wait_s(self, n: float, now: float) -> float:
         """Seconds until ``n`` could be taken; 0.0 if now. Takes nothing.
@@ -88,7 +89,7 @@ class TokenBucket:
         debt), so an oversized call is slowed, never refused forever.
         """
         self._refill(now)
-        shortfall = min(n, self.capacity) - self._level
+        shortfall = min(n, self.capacity) - self._available
         if shortfall <= EPSILON:
             return 0.0
         return shortfall * 60.0 / self.rate_per_min
@@ -97,18 +98,18 @@ class TokenBucket:
         """Take ``n`` and return 0.0, or take nothing and return the seconds to wait."""
         wait = self.wait_s(n, now)
         if wait == 0.0:
-            self._level = max(-self.capacity, self._level - n)
+            self._available = max(-self.capacity, self._available - n)
         return wait
 
     def adjust(self, delta: float, now: float) -> None:
         """Give back (positive) or charge (negative) tokens, e.g. estimated minus actual."""
         self._refill(now)
-        self._level = min(self.capacity, max(-self.capacity, self._level + delta))
+        self._available = min(self.capacity, max(-self.capacity, self._available + delta))
 
     def _refill(self, now: float) -> None:
         if self._updated is not None and now > self._updated:
             gained = (now - self._updated) * self.rate_per_min / 60.0
-            self._level = min(self.capacity, self._level + gained)
+            self._available = min(self.capacity, self._available + gained)
         if self._updated is None or now > self._updated:
             self._updated = now
 
