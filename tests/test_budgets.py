@@ -60,18 +60,18 @@ def test_spend_is_refused_past_the_amount_and_starts_over_each_period() -> None:
     noon = at(UTC, 2026, 11, 30, 12)
     assert budgets.refused_for("app", noon) is None
     for bad in (math.nan, -5.0, math.inf, 0.0):
-        budgets.charge("app", bad, noon)
+        budgets.spend("app", bad, noon)
     assert budgets.spent("app", noon) == 0.0
-    budgets.charge("app", 0.6, noon)
+    budgets.spend("app", 0.6, noon)
     assert budgets.refused_for("app", noon) is None
-    budgets.charge("app", 0.6, noon + 60)
+    budgets.spend("app", 0.6, noon + 60)
     assert budgets.refused_for("app", noon + 60) == 12 * 3600 - 60
     assert budgets.refused_for("app", at(UTC, 2026, 12, 1, 0, 0, 1)) is None  # a new day
     assert budgets.spent("app", at(UTC, 2026, 12, 1)) == 0.0
-    budgets.charge("other", 100.0, noon)  # no budget: nothing kept
+    budgets.spend("other", 100.0, noon)  # no budget: nothing kept
     assert budgets.refused_for("other", noon) is None and budgets.spent("other", noon) == 0.0
     # A reload keeps what was spent; a key's budget removed stops refusing it.
-    budgets.charge("app", 2.0, noon)
+    budgets.spend("app", 2.0, noon)
     budgets.configure({"app": Budget(5.0, "day")}, "UTC")
     assert budgets.spent("app", noon) == pytest.approx(3.2)
     budgets.configure({}, "UTC")

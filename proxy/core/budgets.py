@@ -2,8 +2,8 @@
 
 A key whose spend in the current period has reached its amount is refused until the period
 ends (the HTTP layer checks on arrival and again at dispatch). Spend is what the cost
-accounting charges when a call ends; calls already sent when the budget ran out finish and
-are charged, so the spend can pass the amount by what was in flight. Spend is kept in
+accounting counts when a call ends; calls already sent when the budget ran out finish and
+are counted, so the spend can pass the amount by what was in flight. Spend is kept in
 memory.
 """
 
@@ -69,7 +69,8 @@ class Budgets:
             return None
         return period_of(budget.period, wall, self._tz)[1] - wall
 
-    def charge(self, key: str, dollars: float, wall: float) -> None:
+    def spend(self, key: str, dollars: float, wall: float) -> None:
+        """What a call of ``key`` cost, counted in its budget's current period."""
         budget = self.budgets.get(key)
         if budget is None or not (math.isfinite(dollars) and dollars > 0):
             return

@@ -19,7 +19,7 @@ def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Us
     cost = deployment.cost(usage.prompt_tokens, usage.completion_tokens)
     metrics.cost.get(plan.caller, plan.tier_name).inc(cost)
     metrics.key_served.get(plan.caller, plan.tier_name).inc(took_s)
-    service.budgets.charge(plan.caller, cost, service.clock.wall())
+    service.budgets.spend(plan.caller, cost, service.clock.wall())
     if plan.output_tokens and usage.reported:
         metrics.estimate_error.get("output_tokens").observe(
             abs(relative_error(plan.output_tokens, usage.completion_tokens)))
