@@ -1,5 +1,6 @@
-"""One running proxy's pure state: scheduler, provider health, estimators and the policy
-that turns a parsed call into a plan. The HTTP driver and the simulator both drive it."""
+"""What one running proxy knows and decides, pure: scheduler, provider health, estimators
+and the policy that turns a parsed call into a plan. The HTTP driver and the simulator both
+drive it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, typed state under AppKeys, one lifecycle for resources."""
+"""The aiohttp application: routes, typed objects under AppKeys, one lifecycle for resources."""
 
 from __future__ import annotations
 
