@@ -235,10 +235,10 @@ def _degradation(
 ) -> Degradation:
     d = node.node("degrade")
     allow = d.string_list("allow")
-    keys = {c.id for c in candidates}
-    for i, key in enumerate(allow):
-        if key not in keys:
-            fail(f"{d.sub('allow')}[{i}]", f"not a candidate of this model: {sorted(keys)}")
+    ids = {c.id for c in candidates}
+    for i, deployment_id in enumerate(allow):
+        if deployment_id not in ids:
+            fail(f"{d.sub('allow')}[{i}]", f"not a candidate of this model: {sorted(ids)}")
     tiers = tuple(
         names[tier_index(t, names, f"{d.sub('tiers')}[{i}]")]
         for i, t in enumerate(d.string_list("tiers"))

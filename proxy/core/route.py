@@ -58,7 +58,7 @@ class Deployment:
 class Degradation:
     """When a tier's preferred deployments would keep it waiting, serve or shed it instead.
 
-    ``allow`` names the backup deployment keys (empty: every candidate after the first in the
+    ``allow`` names the backup deployments by id (empty: every candidate after the first in the
     policy's order is a backup). ``tiers`` limits this to some tier names (empty: all).
     """
 
