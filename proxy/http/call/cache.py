@@ -70,22 +70,22 @@ class ResponseCache:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._caches: dict[str, tuple[CacheSettings, TTLCache[bytes, Entry]]] = {}
-        # Misses on their way upstream, by key: identical calls wait for the answer instead
+        # Misses on their way upstream, by cache key: identical calls wait for the answer instead
         # of going upstream too (one entry per call in flight, so bounded by them).
         self._flights: dict[bytes, asyncio.Event] = {}
 
-    def flight(self, key: bytes) -> asyncio.Event | None:
-        """Set when the identical call now fetching ``key`` is done (None: there is none)."""
-        return self._flights.get(key)
+    def flight(self, digest: bytes) -> asyncio.Event | None:
+        """Set when the identical call fetching ``digest`` (its cache key) is done (None: none)."""
+        return self._flights.get(digest)
 
-    def take_off(self, key: bytes) -> asyncio.Event:
-        """This call fetches ``key``; ``land`` it however it ends."""
-        event = self._flights[key] = asyncio.Event()
+    def take_off(self, digest: bytes) -> asyncio.Event:
+        """This call fetches ``digest``; ``land`` it however it ends."""
+        event = self._flights[digest] = asyncio.Event()
         return event
 
-    def land(self, key: bytes, event: asyncio.Event) -> None:
-        if self._flights.get(key) is event:
-            del self._flights[key]
+    def land(self, digest: bytes, event: asyncio.Event) -> None:
+        if self._flights.get(digest) is event:
+            del self._flights[digest]
         event.set()
 
     def configure(self, models: Mapping[str, ModelRoute]) -> None:
@@ -105,13 +105,13 @@ class ResponseCache:
         return (call.model in self._caches and call.kind in CACHED_KINDS
                 and deterministic(call.body))
 
-    def get(self, model: str, key: bytes) -> Entry | None:
-        return self._caches[model][1].get(key)
+    def get(self, model: str, digest: bytes) -> Entry | None:
+        return self._caches[model][1].get(digest)
 
-    def put(self, model: str, key: bytes, entry: Entry) -> None:
+    def put(self, model: str, digest: bytes, entry: Entry) -> None:
         found = self._caches.get(model)
         if found is not None and len(entry.answer) <= MAX_ENTRY_BYTES:
-            found[1][key] = entry
+            found[1][digest] = entry
 
     def size(self, model: str) -> int:
         found = self._caches.get(model)
