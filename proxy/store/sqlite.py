@@ -3,8 +3,8 @@ with each line's result, and background responses.
 
 A line moves pending → running → done | failed (or expired / cancelled); its result is
 written only while it is running, so it is answered exactly once. One process at a time
-runs the work (``hold_runner``: a lease in the file, so ``serve --workers`` share one
-store); when the lease changes hands, or the process that held it died, ``recover`` sends
+runs the work (``hold_runner``: the runner's lease, in the file, so ``serve --workers``
+share one store); when the lease changes hands, or the process that held it died, ``recover`` sends
 the lines it left running back to pending (they run again).
 Nothing here runs on the event loop (``proxy.store.offloop.AsyncStore`` calls it from
 worker threads): the small statements (sub-millisecond in WAL mode) from one thread, on the

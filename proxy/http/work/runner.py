@@ -10,8 +10,9 @@ costs the memory of its window. A call the proxy itself turns away (429, 5xx: th
 was long, every provider down) is tried again after a backoff until the batch's window
 ends; an answer (2xx, or the upstream's 4xx) is recorded once.
 
-Everything is in the store first. One process runs the work (a lease in the store); lines
-a runner left running when it stopped run again under the next (sent again, answered once).
+Everything is in the store first. One process runs the work (the runner's lease, in the
+store); lines a runner left running when it stopped run again under the next (sent again,
+answered once).
 Every store call is awaited (``proxy.store.offloop``): none runs on the event loop.
 """
 
