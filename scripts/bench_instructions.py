@@ -90,21 +90,26 @@ def benchmark(kids: Children, args: argparse.Namespace) -> str:
         "proxy": [python, "-m", "proxy", "serve", "--config", str(config), "--port", "0",
                   "--log-level", "WARNING"],
     }
+    targets["lane-off"] = [*targets["proxy"], "--no-fast-lane"]
     lines = [f"machine: {machine()}",
              f"{args.calls} calls after {args.warmup} of warm-up, one at a time over "
              f"{args.connections} keep-alive connections; callgrind instruction counts, the "
              f"fewest of {args.rounds} rounds (spread in brackets); upstream answers with "
              + ("api.openai.com's 19 headers" if args.openai_headers else "content-type alone"),
-             "", f"{'mode':8}{'bare':>20}{'proxy':>20}{'added':>10}{'bare/proxy':>12}"]
+             "", f"{'mode':8}{'target':10}{'bare':>20}{'target':>20}{'added':>10}"
+                 f"{'bare/target':>12}"]
     for mode in args.modes:
         runs: dict[str, list[float]] = {name: [] for name in targets}
         for round_ in range(args.rounds):
             for name, argv in targets.items():
                 runs[name].append(counted(kids, f"{name}-{mode}-{round_}", argv,
                                           mode == "stream", args))
-        bare, proxy = min(runs["bare"]), min(runs["proxy"])
-        lines.append(f"{mode:8}{_spread(runs['bare']):>20}{_spread(runs['proxy']):>20}"
-                     f"{proxy - bare:>+10,.0f}{bare / proxy:>12.3f}")
+        bare = min(runs["bare"])
+        for name in ("proxy", "lane-off"):
+            target = min(runs[name])
+            lines.append(f"{mode:8}{name:10}{_spread(runs['bare']):>20}"
+                         f"{_spread(runs[name]):>20}{target - bare:>+10,.0f}"
+                         f"{bare / target:>12.3f}")
     return "\n".join(lines)
 
 

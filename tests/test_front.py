@@ -579,3 +579,22 @@ async def test_a_client_leaving_cancels_its_call_as_the_runner_says(
         assert (fake.cancelled, fake.completed) == ((1, 0) if cancellation else (0, 1))
     finally:
         await runner.cleanup()
+
+
+async def test_a_stream_the_lane_wrote_is_not_handed_to_aiohttps_writer(
+        aiohttp_server: Factory, counter: TokenCounter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed answer begins and ends in the lane: aiohttp's own request (costly to
+    build) is made only for an answer the lane does not write."""
+    def refused(self: object) -> None:
+        raise AssertionError("built an aiohttp request for a stream the lane wrote")
+
+    monkeypatch.setattr(front.FastRequest, "for_aiohttp", refused)
+    proxy = await serve(aiohttp_server, counter, FakeUpstream())
+    writer, answers = await connect(proxy)
+    streamed = orjson.dumps({**orjson.loads(BODY), "stream": True})
+    for _ in range(2):  # on one keep-alive connection
+        writer.write(post(body=streamed))
+        (status, body), = await answers.read(1)
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+    assert in_lane(proxy) == 1
+    writer.close()

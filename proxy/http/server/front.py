@@ -246,7 +246,8 @@ class FrontProtocol(BaseProtocol):
             if whole is None:
                 if not keep_alive:
                     response.force_close()
-                await response.prepare(request.for_aiohttp())
+                if not response.prepared:  # a stream has begun itself (``lane_events``)
+                    await response.prepare(request.for_aiohttp())
                 await response.write_eof()
             else:
                 assert self.transport is not None
