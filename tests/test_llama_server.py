@@ -3,7 +3,7 @@
 The servers live outside the project's environment, in ``.llama/`` at the repo root:
 ``scripts/llama_setup`` builds llama-cpp-python's server there (``.ci/run`` does, about
 5 min), ``scripts/llama_setup --server`` llama.cpp's own ``llama-server`` too (about
-13 min). ``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
+12 min). ``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
 ``TRIAGE_LLAMA_SERVER`` name others. Whatever is missing is skipped, saying why. The
 model is written here (``tiny_gguf.py``): gibberish, 12 words a call, in milliseconds.
 
