@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
 from proxy.http.call import forward
-from proxy.http.server import front
+from proxy.http.server import front, lane_request
 from proxy.http.server.app import build_app
 from proxy.http.server.front import FrontRunner, FrontServer
 from proxy.http.server.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
@@ -588,7 +588,7 @@ async def test_a_stream_the_lane_wrote_is_not_handed_to_aiohttps_writer(
     def refused(self: object) -> None:
         raise AssertionError("built an aiohttp request for a stream the lane wrote")
 
-    monkeypatch.setattr(front.FastRequest, "for_aiohttp", refused)
+    monkeypatch.setattr(lane_request.FastRequest, "for_aiohttp", refused)
     proxy = await serve(aiohttp_server, counter, FakeUpstream())
     writer, answers = await connect(proxy)
     streamed = orjson.dumps({**orjson.loads(BODY), "stream": True})

@@ -37,7 +37,7 @@ from ...core.route import Deployment
 from ...core.scheduler import Rejection
 from ...state.base import Lease
 from ..base.drain import uncancel
-from ..base.edge import Incoming, client_request_id, read_call, upstream_headers
+from ..base.edge import Incoming, read_call, upstream_headers
 from ..base.keys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
@@ -292,11 +292,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
     if strip_usage:
         body["stream_options"] = {**(call.body.get("stream_options") or {}),
                                   "include_usage": True}
-    # The call's id as OpenAI's convention names a client's own: some servers refuse an
-    # ``x-request-id`` that is not a UUID (llama-cpp-python's), so that one travels only
-    # when the client sent it.
+    # x-request-id only if the client sent one: some servers refuse one not a UUID.
     forwarded = {"x-client-request-id": request[REQUEST_ID]}
-    if client_request_id(request.headers) is not None:
+    if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
         forwarded["x-request-id"] = request[REQUEST_ID]
     for name in FORWARDED_REQUEST_HEADERS:
         if name in request.headers:

@@ -19,7 +19,7 @@ from ..call.events import EventStream
 from .head import writer_defaults
 
 if TYPE_CHECKING:
-    from .front import FastRequest
+    from .lane_request import FastRequest
 
 _END = b"0\r\n\r\n"
 

@@ -32,26 +32,19 @@ from aiohttp import web
 from ...config import Config
 from ...core.batchdoc import background_path, error_line, output_line, request_counts, response_doc
 from ...core.clock import Clock
-from ...core.errors import StorageFull, UpstreamConnectError, UpstreamError
-from ...core.provider import Timeouts
-from ...core.retry import parse_retry_after
+from ...core.errors import StorageFull
 from ...store import AsyncStore, open_store, store_errors
 from ..base.metrics import Metrics
-from ..call.auth import ON_BEHALF
-from ..upstream.upstream import HttpUpstream, UpstreamRequest
+from .loopback import RETRY_MIN_S, Loopback, batch_tier
 
 log = logging.getLogger(__name__)
 
 TURN_S = 1.0  # a running batch looks at its status (a cancel from another worker) this often
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-RETRY_MIN_S = 1.0
-RETRY_MAX_S = 60.0
 RESPONSE_WINDOW_S = 24 * 3600  # a background response is tried again for at most this
 RETENTION_EVERY_S = 3600.0
 HEAVY_AT_ONCE = 2
 LEAD_EVERY_S = 1.0  # the runner's lease is renewed, and new work looked for, this often
 LEASE_S = 5.0  # a runner that stopped renewing is replaced after this
-LOOPBACK_CONNECT_S = 5.0
 
 
 def new_id(prefix: str) -> str:
@@ -74,7 +67,7 @@ class Work:
         self._store: AsyncStore | None = None
         self.errors = store_errors(config.state.backend == "redis")
         self._tasks: dict[str, asyncio.Task[None]] = {}  # batch or response id → its run
-        self._loopback: HttpUpstream | None = None  # this proxy's own listener
+        self._loopback: Loopback | None = None  # this proxy's own listener
         self._janitor: asyncio.Task[None] | None = None
         self._leader: asyncio.Task[None] | None = None
         self._me = new_id("runner-")
@@ -110,12 +103,7 @@ class Work:
         """Listening at ``base_url``: run the work (this process, or whichever worker of
         ``serve --workers`` holds the lease), resuming what a previous process left."""
         self.base_url = base_url.rstrip("/")
-        # Its answer is at most what a provider may answer; it is never sent to an egress
-        # proxy, whatever HTTPS_PROXY and NO_PROXY say.
-        largest = max((p.max_response_bytes for p in self.config.providers.values()),
-                      default=64 * 1024 * 1024)
-        self._loopback = HttpUpstream(self.base_url, {"authorization": f"Bearer {self._token}"},
-                                      max_response_bytes=largest)
+        self._loopback = Loopback(self.base_url, self._token, self.config, self.clock)
         await self._lead()
         self._leader = asyncio.ensure_future(self._lead_forever())
 
@@ -197,7 +185,7 @@ class Work:
         shown: dict[str, object] = {
             "path": storage.path if self._store is None else self._store.path,
             "bytes": self.stored_bytes, "max_bytes": storage.max_bytes,
-            "running": sorted(self._tasks), "tier": self._tier()}
+            "running": sorted(self._tasks), "tier": batch_tier(self.config)}
         if self._store is not None:
             try:
                 shown["bytes"] = await self.size_bytes()
@@ -218,46 +206,15 @@ class Work:
                 log.info("work that can wait: %d rows past retention deleted", gone)
             await asyncio.sleep(RETENTION_EVERY_S)
 
-    # --- one call through this proxy ----------------------------------------------------
-
-    async def _call(self, owner: str, path: str, body: bytes, request_id: str,
-                    until: float) -> tuple[int, bytes, float | None]:
-        """(status, body, retry-after seconds) of ``path`` called through this proxy, if it
-        answers before ``until`` (epoch seconds)."""
-        if self._loopback is None:
-            raise UpstreamConnectError("the proxy is not listening yet")
-        headers = {ON_BEHALF: owner, "X-Priority": self._tier(), "x-request-id": request_id}
-        timeout_s = max(until - self.clock.wall(), RETRY_MIN_S)
-        response = await self._loopback.send(
-            UpstreamRequest(path, body, "", False, headers),
-            Timeouts(LOOPBACK_CONNECT_S, timeout_s, timeout_s, timeout_s))
-        return response.status, await response.read(), parse_retry_after(response.headers)
-
-    def _tier(self) -> str:
-        names = self.config.tier_names
-        tier = self.config.batch.tier
-        return tier if tier in names else names[-1]
-
-    async def _answer(self, owner: str, path: str, body: bytes, request_id: str,
-                      until: float) -> tuple[int, bytes] | None:
-        """The call's answer, trying again while the proxy turns it away; None if
-        ``until`` (epoch seconds) comes first."""
-        delay = RETRY_MIN_S
-        while True:
-            try:
-                status, data, retry_after = await self._call(owner, path, body, request_id,
-                                                             until)
-            except UpstreamError:
-                status, data, retry_after = 0, b"", None
-            if status and status not in RETRY_STATUSES:
-                return status, data
-            wait = min(max(retry_after or delay, RETRY_MIN_S), RETRY_MAX_S)
-            if self.clock.wall() + wait >= until:
-                return None
-            await asyncio.sleep(wait)
-            delay = min(delay * 2, RETRY_MAX_S)
-
     # --- batches ------------------------------------------------------------------------
+
+    async def _answer_of(self, owner: str, path: str, body: bytes, request_id: str,
+                         until: float) -> tuple[int, bytes] | None:
+        while self._loopback is None:  # not listening yet: wait, as for a refusal
+            if self.clock.wall() + RETRY_MIN_S >= until:
+                return None
+            await asyncio.sleep(RETRY_MIN_S)
+        return await self._loopback.answer(owner, path, body, request_id, until)
 
     def run_batch(self, batch_id: str) -> None:
         """Run it here if this process runs the work (else the runner finds it)."""
@@ -330,7 +287,7 @@ class Work:
     async def _line(self, batch_id: str, owner: str, endpoint: str, index: int,
                     custom_id: str, body: bytes, until: float) -> None:
         line_id = new_id("batch_req_")
-        answer = await self._answer(owner, endpoint, body, line_id, until)
+        answer = await self._answer_of(owner, endpoint, body, line_id, until)
         if answer is None:  # turned away until the window's end
             await self.store().finish_line(batch_id, index, "expired",
                                            _ended(custom_id, "expired"))
@@ -371,7 +328,7 @@ class Work:
         if not await store.set_response(response_id, "in_progress", doc("in_progress"),
                                         only_if=live):
             return
-        answer = await self._answer(owner, background_path(response_id), request, response_id,
+        answer = await self._answer_of(owner, background_path(response_id), request, response_id,
                                     created + RESPONSE_WINDOW_S)
         if answer is None:
             await store.set_response(response_id, "failed", doc("failed", error={
