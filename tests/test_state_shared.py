@@ -242,6 +242,20 @@ async def test_redis_restarted_waiters_fall_back_then_shared_mode_returns() -> N
         b.release(got)
 
 
+async def test_a_call_whose_ask_fails_queues_again_under_the_share_not_at_once() -> None:
+    """The local scheduler let the call through under the whole limit (shared mode): if
+    its ask is what finds Redis gone, it must not start on a noted lease (two replicas
+    would each start a whole limit's worth), but queue again, under the share."""
+    async with private_redis() as (server, settings), replicas(settings, "a") as (a,):
+        server.stop()
+        assert a.mode == "shared"  # no heartbeat has failed yet: the ask finds out
+        assert await a.lease("p", 1, 0, 0, 5) is None
+        assert a.mode == "local" and not a._held
+        noted = await a.lease("p", 1, 0, 0, 5)  # queued again: under its share, noted
+        assert isinstance(noted, Lease)
+        a.release(noted)
+
+
 BUSY_300_MS = """
 local t0 = redis.call('TIME')
 local s0 = tonumber(t0[1]) * 1e6 + tonumber(t0[2])

@@ -140,7 +140,7 @@ class RedisState:
         them is this one. Without Redis (``on_error: local``) the local scheduler's share
         is the limit: the lease is only noted, and written to Redis once it is back, so
         calls started meanwhile count against the limit again. None: Redis went away
-        while the call waited: it queues again, under the share. Raises TimeoutError
+        while the call asked or waited: it queues again, under the share. Raises TimeoutError
         after ``timeout_s``, StateUnavailable without Redis if ``on_error`` is reject."""
         if self.mode != "shared":
             return self._noted(provider)
@@ -155,11 +155,14 @@ class RedisState:
                 granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000),
                                           key, weight, claim_ms)
             except REDIS_ERRORS as exc:
+                # Not noted: the local scheduler let it through under the whole limit,
+                # so it queues again, under the share.
                 self._waiting.pop(member, None)
                 self._unreleased[member] = provider  # withdrawn once Redis is back
                 self._failed(exc)
                 settled = True
-                return self._noted(provider)
+                self._check_reject()
+                return None
             if granted:
                 self._waiting.pop(member, None)
                 self._unreleased.pop(member, None)  # a failure meanwhile must not free it
