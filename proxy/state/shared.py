@@ -127,6 +127,16 @@ class RedisState:
         await self._redis.aclose()
         await self._blocking.aclose()
 
+    @property
+    def client(self) -> Redis:
+        """The command connection, for the other parts shared through this Redis (keys
+        under ``prefix``; a command that fails is reported to ``failed``)."""
+        return self._redis
+
+    @property
+    def prefix(self) -> str:
+        return self._p
+
     def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None:
         self._limits = dict(limits)
         self._deployments = tuple(deployments)
@@ -159,7 +169,7 @@ class RedisState:
                 # so it queues again, under the share.
                 self._waiting.pop(member, None)
                 self._unreleased[member] = provider  # withdrawn once Redis is back
-                self._failed(exc)
+                self.failed(exc)
                 settled = True
                 self._check_reject()
                 return None
@@ -229,7 +239,7 @@ class RedisState:
     def _batch_failed(self, exc: BaseException, releases: Sequence[tuple[str, str]]) -> None:
         for provider, member in releases:
             self._unreleased[member] = provider
-        self._failed(exc)
+        self.failed(exc)
 
     # --- rpm / tpm ----------------------------------------------------------------------
 
@@ -244,7 +254,7 @@ class RedisState:
                 ms = await self._rate(args=[self._p, name, rpm or 0, tpm or 0, 1, tokens, 1])
                 return int(ms) / 1000
             except REDIS_ERRORS as exc:
-                self._failed(exc)
+                self.failed(exc)
         self._check_reject()
         return self._local_rates.take(name, rpm, tpm, self.alive, tokens, time.monotonic())
 
@@ -258,7 +268,7 @@ class RedisState:
         try:
             await self._rate(args=[self._p, name, rpm, tpm, requests, tokens, 0])
         except REDIS_ERRORS as exc:
-            self._failed(exc)
+            self.failed(exc)
 
     # --- health -------------------------------------------------------------------------
 
@@ -279,7 +289,7 @@ class RedisState:
         try:
             await pending
         except REDIS_ERRORS as exc:
-            self._failed(exc)
+            self.failed(exc)
 
     # --- heartbeat, wake-ups, trouble ---------------------------------------------------
 
@@ -309,7 +319,7 @@ class RedisState:
         try:
             alive, granted, lost, opened = await self._heartbeat(args=args)
         except REDIS_ERRORS as exc:
-            self._failed(exc)
+            self.failed(exc)
             return
         self.alive = int(alive)
         self._unwritten -= unwritten
@@ -362,7 +372,8 @@ class RedisState:
             if item is not None:
                 self._woken(item[1])
 
-    def _failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException) -> None:
+        """A Redis command failed: the ``on_error`` mode until two heartbeats answer."""
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"[:200]
         self._recreate = True
