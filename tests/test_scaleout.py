@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import redis
 from aiohttp import web
+from redis.asyncio import Redis
 
 from .fakes import completion
 from .redis_server import URL, PrivateRedis, prefixed
@@ -238,12 +239,64 @@ async def test_redis_killed_and_restarted_under_load(tmp_path: Path,
             # Calls running when Redis went away finish; meanwhile a replica under its
             # share (LIMIT // 2 = 1) may start one while the other is still above its own.
             assert upstream.most <= LIMIT + 1
+            for base in bases:  # the outage is counted where operators look
+                state = await state_of(session, base)
+                entered, away = state["entered"], state["fallback_s"]
+                assert isinstance(entered, dict) and isinstance(away, float)
+                assert entered["local"] == 1 and entered["shared"] == 1 and away > 1.0
             client = redis.Redis(port=server.port, decode_responses=True)
             async with asyncio.timeout(5):  # nothing leaked: every lease came back
                 while client.zcard("t:leases:up"):
                     await asyncio.sleep(0.05)
             assert client.zcard("t:waiters:up") == 0
             client.close()
+    finally:
+        server.stop()
+
+
+async def test_redis_flushed_under_load_stays_shared_and_never_exceeds_the_limit(
+        tmp_path: Path, upstream: Counting) -> None:
+    """FLUSHALL (and a failover to a copy with older data looks the same to a replica) while
+    every slot is busy: the replicas write back what they hold and no slot is handed out
+    before they have, so the limit holds throughout and nobody falls back to a share."""
+    server = PrivateRedis()
+    server.start()
+    try:
+        config = write_config(tmp_path, upstream.url, server.url, "t")
+        async with replicas(config, 2) as running, aiohttp.ClientSession() as session, \
+                Redis.from_url(server.url) as admin:
+            bases = [base for base, _ in running]
+            upstream.hold_s = 0.05
+            stop = asyncio.Event()
+            results: list[int] = []
+
+            async def load(i: int) -> None:
+                while not stop.is_set():
+                    results.append(await call(session, bases[i % 2], f"l{i}"))
+
+            loaders = [asyncio.ensure_future(load(i)) for i in range(8)]
+            for _ in range(4):
+                await asyncio.sleep(0.7)
+                await admin.flushall()
+            await asyncio.sleep(2.0)
+            before = len(results)
+            await asyncio.sleep(1.0)
+            stop.set()
+            await asyncio.gather(*loaders)
+            states = [await state_of(session, base) for base in bases]
+            assert set(results) == {200} and len(results) > before
+            assert upstream.most <= LIMIT
+            assert [s["mode"] for s in states] == ["shared", "shared"]
+            rebuilt = [s["rebuilt"] for s in states]
+            assert all(isinstance(r, dict) and r["times"] >= 3 for r in rebuilt), rebuilt
+            assert {s["entered"]["local"] for s in states} == {0}  # type: ignore[index]
+            async with session.get(f"{bases[0]}/metrics") as resp:
+                text = await resp.text()
+            assert 'proxy_shared_state_entered{mode="local"} 0.0' in text
+            assert "proxy_shared_state_fallback_seconds 0.0" in text
+            rebuilds = [line for line in text.splitlines()
+                        if line.startswith("proxy_shared_state_rebuilds ")]
+            assert rebuilds and float(rebuilds[0].split()[1]) >= 3
     finally:
         server.stop()
 

@@ -25,6 +25,7 @@ class Lua:
         self._beat = client.register_script(scripts.HEARTBEAT)
         self._rate = client.register_script(scripts.RATE)
         self._cut = client.register_script(scripts.CUT)
+        self.beats: dict[str, int] = {}
 
     def batch(self, releases: list[tuple[str, int]],
               acquires: list[tuple[str, int, int, int, str, float, int]],
@@ -48,7 +49,12 @@ class Lua:
     def beat(self, replica: str, *, held: tuple[str, ...] = (), waiting: tuple[str, ...] = (),
              deployments: tuple[str, ...] = (), limit: int = 2, recreate: bool = False,
              ttl: int = TTL, unwritten: tuple[str, ...] = ()) -> list[Any]:
-        args: list[Any] = [self.p, replica, ttl, int(recreate), 1, "p", limit, len(held)]
+        """A heartbeat, numbered as ``RedisState`` numbers them (from 0; the last one
+        answered is sent with it)."""
+        last = self.beats.get(replica, -1)
+        self.beats[replica] = last + 1
+        args: list[Any] = [self.p, replica, ttl, int(recreate), last + 1, last, 1, "p", limit,
+                           len(held)]
         for member in held:
             args += ["p", member, int(member in unwritten)]
         args.append(len(waiting))
@@ -70,7 +76,9 @@ class Lua:
 @pytest.fixture
 def lua() -> Iterator[Lua]:
     with prefixed() as (client, prefix):
-        yield Lua(client, prefix)
+        lua = Lua(client, prefix)
+        lua.beat("a")  # a replica beats before it serves: else Redis would seem to have lost it
+        yield lua
 
 
 def test_slots_are_granted_up_to_the_limit_then_callers_wait(lua: Lua) -> None:
@@ -183,9 +191,9 @@ def test_the_heartbeat_counts_replicas_and_reports_grants_losses_and_breakers(
     lua.acquire("b|1|p", limit=1)
     lua.client.set(lua.p + "breaker:p/m", 1, px=5000)
     lua.beat("a", held=("a|1|p",), limit=1)
-    alive, granted, lost, opened = lua.beat("b", waiting=("b|1|p", "b|9|p"),
-                                            deployments=("p/m", "p/other"), limit=1)
-    assert alive == 2
+    alive, granted, lost, opened, forgot = lua.beat("b", waiting=("b|1|p", "b|9|p"),
+                                                    deployments=("p/m", "p/other"), limit=1)
+    assert alive == 2 and forgot == 0
     assert granted == [] and lost == ["b|9|p"]
     assert opened[0] == "p/m" and 0 < int(opened[1]) <= 5000 and len(opened) == 2
     lua.client.zrem(lua.p + "leases:p", "a|1|p")  # a grant whose wake was lost
@@ -212,9 +220,32 @@ def test_a_redis_that_lost_its_state_is_noticed_and_every_held_lease_written_bac
     lua.beat("a", held=("a|1|p",), limit=1)
     for key in lua.client.scan_iter(lua.p + "*"):  # a restart between two heartbeats
         lua.client.delete(key)
-    lua.beat("a", held=("a|1|p",), limit=1)
+    assert lua.beat("a", held=("a|1|p",), limit=1)[4] == 1
     assert lua.leases() == ["a|1|p"]
     assert lua.acquire("b|1|p", limit=1) == 0
+    assert lua.beat("a", held=("a|1|p",), limit=1)[4] == 0
+
+
+def test_a_failover_to_an_older_copy_is_noticed_and_its_ended_leases_dropped(
+        lua: Lua) -> None:
+    """The copy still has this replica's ``seen`` key, from an earlier heartbeat, and a
+    lease of a call that ended since; the call running now is missing."""
+    lua.acquire("a|1|p", limit=2)
+    lua.beat("a", held=("a|1|p",), limit=2)
+    older = {key: lua.client.dump(key) for key in lua.client.scan_iter(lua.p + "*")}
+    lua.release("a|1|p", limit=2)
+    lua.acquire("a|2|p", limit=2)
+    lua.beat("a", held=("a|2|p",), limit=2)
+    lua.beat("a", held=("a|2|p",), limit=2)
+    for key in lua.client.scan_iter(lua.p + "*"):
+        lua.client.delete(key)
+    for key, dumped in older.items():
+        lua.client.restore(key, 0, dumped)
+    assert lua.leases() == ["a|1|p"]
+    assert lua.beat("a", held=("a|2|p",), limit=2)[4] == 1
+    assert lua.leases() == ["a|2|p"]
+    lua.beat("b", held=("b|1|p",), limit=2)  # another replica's leases are its own
+    assert lua.beat("a", held=("a|2|p",), limit=2)[4] == 0
 
 
 def test_a_lease_noted_without_redis_is_written_by_the_next_heartbeat(lua: Lua) -> None:
@@ -268,3 +299,22 @@ def test_a_batch_gives_back_first_and_hands_the_slot_to_the_best_waiter(lua: Lua
     flags = lua.batch([("b|1|p", 1)], [("e|1|p", 1, 0, 60_000, "", 1.0, 0)])
     assert flags == [0]  # the slot went to a waiter before this batch's own asked
     assert lua.leases() == ["c|1|p"] and lua.wakes("c") == ["c|1|p"]
+
+
+def test_after_redis_lost_everything_no_slot_is_granted_until_the_replicas_wrote_theirs_back(
+        lua: Lua) -> None:
+    """A flush between two heartbeats: the first ask afterwards must not take a slot that a
+    running call of another replica still holds (its heartbeat writes it back soon)."""
+    lua.acquire("a|1|p", limit=1)
+    lua.beat("a", held=("a|1|p",), limit=1)
+    for key in lua.client.scan_iter(lua.p + "*"):
+        lua.client.delete(key)
+    assert lua.acquire("b|1|p", limit=1, ttl=3000) == 0  # waits: a's lease is not back yet
+    assert 0 < int(lua.client.pttl(lua.p + "rebuilding")) <= 1500
+    lua.beat("a", held=("a|1|p",), limit=1, ttl=3000)
+    assert lua.leases() == ["a|1|p"]
+    lua.release("a|1|p", limit=1)
+    assert lua.leases() == []  # still rebuilding: nothing handed out
+    time.sleep(1.6)
+    lua.beat("b", waiting=("b|1|p",), limit=1, ttl=3000)
+    assert lua.leases() == ["b|1|p"]

@@ -174,7 +174,7 @@ async def test_a_breaker_opened_on_one_replica_reaches_the_others(
     async with replicas(settings, "a", "b") as (a, b):
         a.breaker_opened("p/m", 5.0)
         await asyncio.sleep(b.beat_s + 0.3)
-        hooks = b._hooks
+        hooks = b._link.hooks
         assert isinstance(hooks, Recorder)
         assert hooks.breakers and 3.0 < hooks.breakers[-1]["p/m"] <= 5.0
 
@@ -318,4 +318,28 @@ async def test_a_restart_between_two_heartbeats_is_noticed_and_leases_written_ba
         await asyncio.sleep(a.beat_s + 0.3)
         with pytest.raises(TimeoutError):  # a's lease is back: b waits
             await b.lease("p", 1, 0, 0, 0.5)
+        a.release(held)
+
+
+async def test_a_flushed_redis_is_rebuilt_from_what_the_replica_holds(
+        settings: StateSettings) -> None:
+    """Leases, open breakers, 429 cuts and what was taken from the rate buckets all come
+    back from the replica after a flush, and it never left shared mode."""
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        a.breaker_opened("p/m", 30.0)
+        a.limit_cut("p", 1, 30.0)
+        assert await a.take_rate("provider:p", 2, None, 0) == 0
+        assert await a.take_rate("provider:p", 2, None, 0) == 0
+        await asyncio.sleep(0.1)
+        client, p = a.client, settings.prefix + ":"
+        await client.delete(*[k async for k in client.scan_iter(p + "*")])
+        await asyncio.sleep(a.beat_s + 0.4)
+        assert a.mode == "shared" and a.status()["rebuilt"] == {
+            "times": 1, "leases": 1, "waiters": 0, "breakers": 1, "cuts": 1, "buckets": 1}
+        assert await client.zrange(p + "leases:p", 0, -1) == [held.member]
+        assert 25_000 < await client.pttl(p + "breaker:p/m") <= 30_000
+        assert await client.get(p + "limit:p") == "1"
+        assert await a.take_rate("provider:p", 2, None, 0) > 20  # still spent
         a.release(held)

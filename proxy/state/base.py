@@ -16,32 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
-from ..core.limits import RateLimits
 from ..core.value import value
 
 
 def replica_id() -> str:
     """Unique across machines and restarts; readable in status pages."""
     return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-class LocalRates:
-    """A replica's share of each shared rpm/tpm limit while Redis is away: the limit over
-    the replicas alive."""
-
-    def __init__(self) -> None:
-        self._buckets: dict[str, RateLimits] = {}
-
-    def take(self, name: str, rpm: int | None, tpm: int | None, replicas: int, tokens: int,
-             now: float) -> float:
-        """0.0, or the seconds to wait (nothing taken)."""
-        share = max(replicas, 1)
-        rates = (None if rpm is None else max(rpm // share, 1),
-                 None if tpm is None else max(tpm // share, 1))
-        found = self._buckets.get(name)
-        if found is None or found.rates != rates:
-            found = self._buckets[name] = RateLimits(*rates)
-        return found.take(tokens, now)
 
 
 @value
@@ -64,9 +44,18 @@ class Hooks(Protocol):
 class State(Protocol):
     shared: bool  # False: nothing to ask on the request path
     replica: str
-    mode: str  # shared | local | reject
-    alive: int  # replicas seen within the lease TTL
-    errors: int  # Redis operations that failed
+
+    @property
+    def mode(self) -> str:
+        """shared | local | reject"""
+
+    @property
+    def alive(self) -> int:
+        """Replicas seen within the lease TTL."""
+
+    @property
+    def errors(self) -> int:
+        """Redis operations that failed."""
 
     async def start(self, hooks: Hooks) -> None: ...
 

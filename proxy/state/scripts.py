@@ -7,6 +7,8 @@ Keys, under the configured prefix ``p`` (one Redis, not a cluster: scripts build
 - ``p:wexp:{provider}``    sorted set, waiter liveness: member → expiry (Redis ms)
 - ``p:wake:{replica}``     list, members granted a slot while they waited
 - ``p:replicas``           sorted set, replica → heartbeat expiry
+- ``p:rebuilding``        present for a heartbeat and a half after Redis lost the state: no grants
+- ``p:seen:{replica}``     the number of the replica's last heartbeat (what Redis knows of it)
 - ``p:limit:{provider}``   a 429's cut of the provider's limit, for ``GROW_EVERY_S``
 - ``p:breaker:{deployment}`` present (with a TTL) while the deployment's breaker is open
 - ``p:rate:{name}``        hash, an rpm/tpm bucket pair (``r``, ``t``, ``ts``)
@@ -34,10 +36,20 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
 
+# Redis lost the replicas' state: no slot is handed out until every live replica has had a
+# heartbeat to write back the leases it holds (a heartbeat and a half: replicas beat every
+# second, or every third of the TTL).
+_REBUILD = """
+local function rebuilding(p, ttl)
+  redis.call('SET', p .. 'rebuilding', 1, 'PX', math.floor(math.min(1000, ttl / 3) * 1.5), 'NX')
+end
+"""
+
 # Purge expired leases, then hand free slots to the best live waiters, waking their
 # replicas (except ``me``: the caller learns from the script's answer).
 _SWEEP = """
 local function sweep(p, prov, limit, now, ttl, me)
+  if redis.call('EXISTS', p .. 'rebuilding') == 1 then return end
   local lk = p .. 'leases:' .. prov
   local wk = p .. 'waiters:' .. prov
   local ek = p .. 'wexp:' .. prov
@@ -71,8 +83,10 @@ end
 # it). Releasing twice, or a member never seen, is harmless; releasing a waiter withdraws
 # it. Releases go first, so a slot given back in the same batch is handed to the best
 # waiter, not the batch's next.
-BATCH = _NOW + _SWEEP + """
+BATCH = _NOW + _REBUILD + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
+-- every replica beats before it serves: no replicas means Redis lost them
+if redis.call('EXISTS', p .. 'replicas') == 0 then rebuilding(p, ttl) end
 local i = 3
 local swept = {}
 for _ = 1, tonumber(ARGV[i]) do
@@ -113,37 +127,57 @@ return granted
 """
 
 # One replica's heartbeat and safety sweep. ARGV: prefix, replica, ttl_ms, recreate (1:
-# every held lease is written even if missing, after Redis lost them), then counted
-# lists: providers (name, limit), held (provider, member, write: 1 for a lease Redis has
-# not seen yet, written even if missing; 0: refreshed only if still there, so a lease
-# released meanwhile is not brought back), waiting (provider, member), deployments.
-# A replica's ``seen`` key missing means Redis lost its state (a restart, a flush): every
-# held lease is written back. Answers {replicas alive, granted waiters, lost waiters, open
-# breakers (deployment, ms left)…}.
-HEARTBEAT = _NOW + _SWEEP + """
+# every held lease is written even if missing, after this replica could not reach Redis),
+# beat (this heartbeat's number), last (the number of the last one Redis answered), then
+# counted lists: providers (name, limit), held (provider, member, write: 1 for a lease
+# Redis has not seen yet, written even if missing; 0: refreshed only if still there, so a
+# lease released meanwhile is not brought back), waiting (provider, member), deployments.
+# The replica's ``seen`` key holds the number of its last heartbeat: missing, or older
+# than ``last``, means Redis lost what the replica told it (an empty restart, a flush, a
+# failover to a copy with older data): every held lease is written back and any other
+# lease in this replica's name dropped (the older copy's calls ended since). Answers
+# {replicas alive, granted waiters, lost waiters, open breakers (deployment, ms left)…,
+# forgot (1: Redis had lost this replica)}.
+HEARTBEAT = _NOW + _REBUILD + _SWEEP + """
 local p, replica, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local recreate = ARGV[4] == '1'
 local seen = p .. 'seen:' .. replica
-if redis.call('EXISTS', seen) == 0 then recreate = true end
-redis.call('SET', seen, 1, 'PX', ttl * 3)
+local stored = tonumber(redis.call('GET', seen) or '-1')
+local forgot = 0
+if stored < tonumber(ARGV[6]) then
+  forgot, recreate = 1, true
+  rebuilding(p, ttl)
+end
+redis.call('SET', seen, ARGV[5], 'PX', ttl * 3)
 redis.call('ZADD', p .. 'replicas', now + ttl, replica)
 redis.call('ZREMRANGEBYSCORE', p .. 'replicas', '-inf', now)
 local alive = redis.call('ZCARD', p .. 'replicas')
-local i = 5
+local i = 7
 local limits = {}
 for _ = 1, tonumber(ARGV[i]) do
   limits[#limits + 1] = {ARGV[i + 1], tonumber(ARGV[i + 2])}
   i = i + 2
 end
 i = i + 1
+local mine = {}
 for _ = 1, tonumber(ARGV[i]) do
   local lk = p .. 'leases:' .. ARGV[i + 1]
+  mine[ARGV[i + 2]] = true
   if recreate or ARGV[i + 3] == '1' then
     redis.call('ZADD', lk, now + ttl, ARGV[i + 2])
   else
     redis.call('ZADD', lk, 'XX', now + ttl, ARGV[i + 2])
   end
   i = i + 3
+end
+if forgot == 1 then
+  local own = replica .. '|'
+  for _, entry in ipairs(limits) do
+    local lk = p .. 'leases:' .. entry[1]
+    for _, m in ipairs(redis.call('ZRANGE', lk, 0, -1)) do
+      if string.sub(m, 1, #own) == own and not mine[m] then redis.call('ZREM', lk, m) end
+    end
+  end
 end
 i = i + 1
 local granted, lost = {}, {}
@@ -171,7 +205,7 @@ end
 for _, entry in ipairs(limits) do
   sweep(p, entry[1], entry[2], now, ttl, '')
 end
-return {alive, granted, lost, open}
+return {alive, granted, lost, open, forgot}
 """
 
 # ARGV: prefix, name, rpm (0: none), tpm (0: none), requests, tokens, take (1) or adjust

@@ -17,29 +17,20 @@ every replica through one Redis (``redis.asyncio``), each change one Lua script
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import logging
 import time
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from ..config.state import StateSettings
 from ..core.errors import StateUnavailable
 from . import scripts
-from .base import Hooks, Lease, LocalRates, replica_id
+from .base import Hooks, Lease, replica_id
 from .batcher import Batcher
-
-log = logging.getLogger(__name__)
-
-REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
-COMMAND_TIMEOUT_S = 0.5  # a Redis that answers slower than this counts as unreachable
-CLOSE_WAIT_S = 2.0
+from .link import REDIS_ERRORS, Link
+from .rates import SharedRates
 
 
 @dataclass(slots=True)
@@ -60,24 +51,17 @@ class RedisState:
     def __init__(self, settings: StateSettings, replica: str | None = None) -> None:
         self.settings = settings
         self.replica = replica or replica_id()
-        self.mode = "shared"
-        self.alive = 1
-        self.errors = 0
-        self.last_error: str | None = None
-        self._p = settings.prefix + ":"
         self._ttl_ms = int(settings.lease_ttl_s * 1000)
         self.beat_s = min(1.0, settings.lease_ttl_s / 3)
-        retry = Retry(NoBackoff(), 1)  # one immediate retry on a fresh connection
-        self._redis = Redis.from_url(
-            settings.url, socket_timeout=COMMAND_TIMEOUT_S,
-            socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
-        self._blocking = Redis.from_url(
-            settings.url, socket_timeout=self.beat_s + COMMAND_TIMEOUT_S + 1.0,
-            socket_connect_timeout=COMMAND_TIMEOUT_S, retry=retry, decode_responses=True)
+        self._link = link = Link(settings, self.beat_s)
+        link.on_lost = self._lost_redis
+        self._p = link.prefix
+        self._redis = link.client
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
-        self._rate = self._redis.register_script(scripts.RATE)
         self._cut = self._redis.register_script(scripts.CUT)
+        self._rates = SharedRates(link)
         self._seq = itertools.count()
+        self._beats = -1  # the last heartbeat Redis answered: what the ``seen`` key holds
         self._held: dict[str, str] = {}  # member → provider
         self._unwritten: set[str] = set()  # held leases Redis has not seen (noted without it)
         self._waiting: dict[str, _Waiter] = {}
@@ -89,19 +73,43 @@ class RedisState:
         self._give_back = self._batcher.give_back
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
-        self._local_rates = LocalRates()
         self._remote_open: dict[str, float] = {}  # deployment → until, as heard from Redis
-        self._recreate = False
-        self._back_at: float | None = None  # Redis answered again (not yet trusted)
-        self._hooks: Hooks | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._opened: dict[str, float] = {}  # deployment → until, as told by this replica
+        self._cuts: dict[str, tuple[int, float]] = {}  # provider → (limit, until), told here
+        self.rebuilt: dict[str, int] = {}  # what the last rebuild wrote back (status)
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
+
+    @property
+    def mode(self) -> str:
+        return self._link.mode
+
+    @property
+    def alive(self) -> int:
+        return self._link.alive
+
+    @property
+    def errors(self) -> int:
+        return self._link.errors
+
+    @property
+    def client(self) -> Redis:
+        """The command connection, for the other parts shared through this Redis (keys
+        under ``prefix``; a command that fails is reported to ``failed``)."""
+        return self._redis
+
+    @property
+    def prefix(self) -> str:
+        return self._p
+
+    def failed(self, exc: BaseException) -> None:
+        """A Redis command failed: the ``on_error`` mode until two heartbeats answer."""
+        self._link.failed(exc)
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self, hooks: Hooks) -> None:
-        self._hooks = hooks
+        self._link.hooks = hooks
         await self._beat()
         self._loops = [asyncio.create_task(self._beat_forever()),
                        asyncio.create_task(self._wake_forever())]
@@ -119,23 +127,8 @@ class RedisState:
         for member, provider in unreleased.items():
             self._give_back(member, provider)
         sender = self._batcher.sender
-        pending = [*self._tasks, *([sender] if sender is not None else [])]
-        if pending:
-            await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
-        with contextlib.suppress(*REDIS_ERRORS):
-            await self._redis.zrem(self._p + "replicas", self.replica)
-        await self._redis.aclose()
-        await self._blocking.aclose()
-
-    @property
-    def client(self) -> Redis:
-        """The command connection, for the other parts shared through this Redis (keys
-        under ``prefix``; a command that fails is reported to ``failed``)."""
-        return self._redis
-
-    @property
-    def prefix(self) -> str:
-        return self._p
+        await self._link.close(self._redis.zrem(self._p + "replicas", self.replica),
+                               *([sender] if sender is not None else []))
 
     def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None:
         self._limits = dict(limits)
@@ -169,7 +162,7 @@ class RedisState:
                 # so it queues again, under the share.
                 self._waiting.pop(member, None)
                 self._unreleased[member] = provider  # withdrawn once Redis is back
-                self.failed(exc)
+                self._link.failed(exc)
                 settled = True
                 self._check_reject()
                 return None
@@ -197,7 +190,7 @@ class RedisState:
         away nothing is sent: a lease Redis still holds expires, unrefreshed."""
         self._unwritten.discard(lease.member)
         if self._held.pop(lease.member, None) is not None and (
-                self.mode == "shared" or self._back_at is not None):
+                self.mode == "shared" or self._link.returning):
             self._give_back(lease.member, lease.provider)
 
     def _noted(self, provider: str) -> Lease:
@@ -239,7 +232,7 @@ class RedisState:
     def _batch_failed(self, exc: BaseException, releases: Sequence[tuple[str, str]]) -> None:
         for provider, member in releases:
             self._unreleased[member] = provider
-        self.failed(exc)
+        self._link.failed(exc)
 
     # --- rpm / tpm ----------------------------------------------------------------------
 
@@ -247,28 +240,12 @@ class RedisState:
                         tokens: int) -> float:
         """Take one request and ``tokens`` from ``name``'s shared buckets: 0.0, or the
         seconds to wait (nothing taken)."""
-        if not rpm and not tpm:
-            return 0.0
-        if self.mode == "shared":
-            try:
-                ms = await self._rate(args=[self._p, name, rpm or 0, tpm or 0, 1, tokens, 1])
-                return int(ms) / 1000
-            except REDIS_ERRORS as exc:
-                self.failed(exc)
-        self._check_reject()
-        return self._local_rates.take(name, rpm, tpm, self.alive, tokens, time.monotonic())
+        return await self._rates.take(name, rpm, tpm, tokens)
 
     def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
                     tokens: int) -> None:
         """Give back ``requests`` and ``tokens`` (negative: charge more) to the buckets."""
-        if (rpm or tpm) and (requests or tokens) and self.mode == "shared":
-            self._spawn(self._adjust(name, rpm or 0, tpm or 0, requests, tokens))
-
-    async def _adjust(self, name: str, rpm: int, tpm: int, requests: int, tokens: int) -> None:
-        try:
-            await self._rate(args=[self._p, name, rpm, tpm, requests, tokens, 0])
-        except REDIS_ERRORS as exc:
-            self.failed(exc)
+        self._rates.settle(name, rpm, tpm, requests, tokens)
 
     # --- health -------------------------------------------------------------------------
 
@@ -277,19 +254,22 @@ class RedisState:
         until = time.monotonic() + open_for_s
         if self.mode != "shared" or self._remote_open.get(deployment, 0.0) >= until - 0.5:
             return
+        self._opened[deployment] = until
+        self._send_breaker(deployment, open_for_s)
+
+    def _send_breaker(self, deployment: str, open_for_s: float) -> None:
         ms = max(int(open_for_s * 1000), 1)
-        self._spawn(self._call(self._redis.set(self._p + "breaker:" + deployment, 1, px=ms)))
+        self._link.spawn(self._link.call(
+            self._redis.set(self._p + "breaker:" + deployment, 1, px=ms)))
 
     def limit_cut(self, provider: str, limit: int, for_s: float) -> None:
         if self.mode == "shared":
-            self._spawn(self._call(self._cut(
-                args=[self._p, provider, limit, max(int(for_s * 1000), 1)])))
+            self._cuts[provider] = (limit, time.monotonic() + for_s)
+            self._send_cut(provider, limit, for_s)
 
-    async def _call(self, pending: Awaitable[object]) -> None:
-        try:
-            await pending
-        except REDIS_ERRORS as exc:
-            self.failed(exc)
+    def _send_cut(self, provider: str, limit: int, for_s: float) -> None:
+        self._link.spawn(self._link.call(self._cut(
+            args=[self._p, provider, limit, max(int(for_s * 1000), 1)])))
 
     # --- heartbeat, wake-ups, trouble ---------------------------------------------------
 
@@ -301,8 +281,9 @@ class RedisState:
             await self._beat()
 
     async def _beat(self) -> None:
-        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(self._recreate),
-                              len(self._limits)]
+        link = self._link
+        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(link.rebuild),
+                                 self._beats + 1, self._beats, len(self._limits)]
         for name, limit in self._limits.items():
             args += [name, limit]
         held = list(self._held.items())
@@ -317,38 +298,45 @@ class RedisState:
         args.append(len(self._deployments))
         args += self._deployments
         try:
-            alive, granted, lost, opened = await self._heartbeat(args=args)
+            alive, granted, lost, opened, forgot = await self._heartbeat(args=args)
         except REDIS_ERRORS as exc:
-            self.failed(exc)
+            link.failed(exc)
             return
-        self.alive = int(alive)
+        self._beats += 1
+        link.alive = int(alive)
         self._unwritten -= unwritten
         unreleased, self._unreleased = self._unreleased, {}
         for member, provider in unreleased.items():
             self._give_back(member, provider)
-        if self.mode != "shared":
-            # Back after a second heartbeat a period later: by then every live replica has
-            # written the leases of the calls it started without Redis.
-            if self._back_at is None:
-                self._back_at = time.monotonic()
-            elif time.monotonic() - self._back_at >= self.beat_s * 0.9:
-                log.warning("shared state: Redis is back; shared mode again")
-                self._recreate = False
-                self._back_at = None
-                self._set_mode("shared")
-        else:
-            self._recreate = False
+        if int(forgot):
+            self._rebuild(len(held), len(lost))
+        link.answered()
         for member in granted:
             self._woken(member)
         for member in lost:
             waiter = self._waiting.get(member)
             if waiter is not None:
-                self._spawn(self._again(member, waiter))
+                self._link.spawn(self._again(member, waiter))
         now = time.monotonic()
         open_for = {opened[i]: int(opened[i + 1]) / 1000 for i in range(0, len(opened), 2)}
         self._remote_open = {d: now + s for d, s in open_for.items()}
-        if open_for and self._hooks is not None:
-            self._hooks.on_breakers(open_for)
+        if open_for and link.hooks is not None:
+            link.hooks.on_breakers(open_for)
+
+    def _rebuild(self, leases: int, waiters: int) -> None:
+        """Redis forgot this replica (an empty restart, a flush, a failover to an older
+        copy): the heartbeat wrote its leases back and its lost waiters ask again; here its
+        open breakers, 429 cuts and what it took from the rate buckets are told again."""
+        now = time.monotonic()
+        self._opened = {d: until for d, until in self._opened.items() if until > now}
+        for deployment, until in self._opened.items():
+            self._send_breaker(deployment, until - now)
+        self._cuts = {p: cut for p, cut in self._cuts.items() if cut[1] > now}
+        for provider, (limit, until) in self._cuts.items():
+            self._send_cut(provider, limit, until - now)
+        self.rebuilt = {"times": self.rebuilt.get("times", 0) + 1, "leases": leases,
+                        "waiters": waiters, "breakers": len(self._opened),
+                        "cuts": len(self._cuts), "buckets": self._rates.recharge()}
 
     async def _again(self, member: str, waiter: _Waiter) -> None:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
@@ -365,45 +353,25 @@ class RedisState:
         key = self._p + "wake:" + self.replica
         while not self._closed:
             try:
-                item = await self._blocking.blpop([key], timeout=1)  # type: ignore[misc]
+                item = await self._link.blocking.blpop([key], timeout=1)  # type: ignore[misc]
             except REDIS_ERRORS:
                 await asyncio.sleep(self.beat_s)
                 continue
             if item is not None:
                 self._woken(item[1])
 
-    def failed(self, exc: BaseException) -> None:
-        """A Redis command failed: the ``on_error`` mode until two heartbeats answer."""
-        self.errors += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"[:200]
-        self._recreate = True
-        self._back_at = None
-        if self.mode != "shared":
-            return
-        log.warning("shared state: Redis unreachable (%s); %s until it is back",
-                    self.last_error, "a per-replica share of each limit"
-                    if self.settings.on_error == "local" else "refusing calls")
-        self._set_mode(self.settings.on_error)
+    def _lost_redis(self) -> None:
+        """Out of shared mode: every waiter queues again here, under the share."""
         waiting, self._waiting = self._waiting, {}
         for member, waiter in waiting.items():
             if not waiter.future.done():
                 waiter.future.set_result(False)
             self._unreleased[member] = waiter.provider  # withdrawn once Redis is back
 
-    def _set_mode(self, mode: str) -> None:
-        self.mode = mode
-        if self._hooks is not None:
-            self._hooks.on_mode(mode, self.alive)
-
-    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def status(self) -> dict[str, object]:
         return {
             "backend": "redis", "url": self.settings.shown_url, "prefix": self.settings.prefix,
-            "replica": self.replica, "mode": self.mode, "replicas_alive": self.alive,
+            "replica": self.replica, **self._link.status(),
             "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
-            "waiting": len(self._waiting), "errors": self.errors, "last_error": self.last_error,
+            "waiting": len(self._waiting), "rebuilt": self.rebuilt,
         }

@@ -195,6 +195,19 @@ class Metrics:
             "proxy_shared_state_errors", "Redis operations that failed since start.",
             registry=r,
         )
+        self.shared_entered = Family(Gauge(
+            "proxy_shared_state_entered", "Times the shared-state mode was entered since start "
+            "(local, reject: Redis lost; shared: back).", ["mode"], registry=r,
+        ))
+        self.shared_fallback = Gauge(
+            "proxy_shared_state_fallback_seconds", "Seconds spent out of shared mode since "
+            "start (redis backend).", registry=r,
+        )
+        self.shared_rebuilds = Gauge(
+            "proxy_shared_state_rebuilds", "Times Redis had lost this replica's state (an "
+            "empty restart, a flush, a failover to an older copy) and it was written back.",
+            registry=r,
+        )
 
         self.batch_lines = Family(ChildCounter(
             "proxy_batch_lines", "Batch lines answered, by outcome (done: 2xx; failed: the "

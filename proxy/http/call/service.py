@@ -122,6 +122,14 @@ class Service:
             family.clear()
         metrics.replicas.set_function(lambda: self.shared.alive)
         metrics.shared_errors.set_function(lambda: self.shared.errors)
+        shared = self.shared.status()
+        entered, rebuilt = shared.get("entered"), shared.get("rebuilt")
+        if isinstance(entered, dict) and isinstance(rebuilt, dict):
+            for mode in entered:
+                metrics.shared_entered.get(mode).set_function(
+                    functools.partial(self._entered, mode))
+            metrics.shared_fallback.set_function(lambda: self._shared("fallback_s"))
+            metrics.shared_rebuilds.set_function(lambda: self._shared("rebuilt", "times"))
         for name, route in config.models.items():
             if route.cache is not None:
                 metrics.cache_entries.get(name).set_function(
@@ -149,6 +157,16 @@ class Service:
         task = asyncio.get_running_loop().create_task(upstream.close())
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+    def _entered(self, mode: str) -> float:
+        return self._shared("entered", mode)
+
+    def _shared(self, *path: str) -> float:
+        """A number from the shared state's status (0 where it has none)."""
+        found: object = self.shared.status()
+        for step in path:
+            found = found.get(step, 0) if isinstance(found, dict) else 0
+        return float(found) if isinstance(found, int | float) else 0.0
 
     def _spent(self, key: str) -> float:
         return self.budgets.spent(key, self.clock.wall())
