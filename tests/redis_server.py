@@ -3,6 +3,7 @@ prefix of the test's own, or a private ``redis-server`` a test may kill and rest
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import socket
@@ -77,3 +78,46 @@ class PrivateRedis:
             self.process.kill()
             self.process.wait(10)
         self.process = None
+
+
+class SlowRelay:
+    """A loopback relay to Redis on ``port`` that holds each of Redis' answers
+    ``delay_s`` before passing it on: a slow Redis, as a client sees it."""
+
+    def __init__(self, port: int, delay_s: float) -> None:
+        self.target = port
+        self.delay_s = delay_s
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        pipes = [asyncio.ensure_future(self._pipe(reader, up_writer, 0.0)),
+                 asyncio.ensure_future(self._pipe(up_reader, writer, self.delay_s))]
+        self._tasks.update(pipes)
+        await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        for pipe in pipes:
+            pipe.cancel()
+        writer.close()
+        up_writer.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    delay_s: float) -> None:
+        while data := await reader.read(65536):
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            writer.write(data)
+            await writer.drain()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from proxy.core.tokens import TokenCounter
+from proxy.http.call.service import SERVICE
 from proxy.store import AsyncStore, StoreClosed
 
 from .conftest import config_from
@@ -92,6 +93,11 @@ async def test_a_paused_redis_does_not_stall_the_event_loop(
         await probing
         assert probe.ticks > 100 and probe.worst < MOST_STALL_S, probe.worst
         assert len(answered) >= 10 and set(answered) == {200}
+        state = proxy.server.app[SERVICE].shared
+        assert state.mode == "local"  # the calls went on under the replica's share
+        async with asyncio.timeout(5):  # and shared mode is back two heartbeats later
+            while state.mode != "shared":
+                await asyncio.sleep(0.05)
 
         done = await finished(client, batch.id, timeout=60)  # the runner comes back
         rows = by_custom_id((await client.files.content(done.output_file_id)).content)

@@ -17,7 +17,7 @@ from proxy.core.errors import StateUnavailable
 from proxy.state.base import Lease
 from proxy.state.shared import RedisState
 
-from .redis_server import URL, PrivateRedis, free_port, prefixed
+from .redis_server import URL, PrivateRedis, SlowRelay, free_port, prefixed
 
 
 class Recorder:
@@ -343,3 +343,44 @@ async def test_a_flushed_redis_is_rebuilt_from_what_the_replica_holds(
         assert await client.get(p + "limit:p") == "1"
         assert await a.take_rate("provider:p", 2, None, 0) > 20  # still spent
         a.release(held)
+
+
+async def test_a_slow_redis_is_waited_for_in_shared_mode_and_never_stalls_the_loop(
+        settings: StateSettings) -> None:
+    """200 ms per answer (under the 0.5 s command timeout): slots are still leased across
+    replicas in the one order, the replicas stay in shared mode, and the event loop is
+    never held up by it."""
+    relay = SlowRelay(6379, 0.2)
+    await relay.start()
+    slow = StateSettings(backend="redis", url=relay.url, prefix=settings.prefix,
+                         lease_ttl_s=3.0)
+    loop = asyncio.get_running_loop()
+    worst, stop = 0.0, False
+
+    async def probe() -> None:
+        nonlocal worst
+        while not stop:
+            before = loop.time()
+            await asyncio.sleep(0.005)
+            worst = max(worst, loop.time() - before - 0.005)
+
+    probing = asyncio.ensure_future(probe())
+    try:
+        async with replicas(slow, "a", "b") as (a, b):
+            started = loop.time()
+            held = await a.lease("p", 1, 0, 0, 5)
+            assert held is not None and loop.time() - started >= 0.2
+            waiting = asyncio.ensure_future(b.lease("p", 1, 0, 0, 5))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            a.release(held)
+            got = await asyncio.wait_for(waiting, 3)
+            assert got is not None
+            await asyncio.sleep(a.beat_s * 2)  # heartbeats take their 200 ms too
+            assert (a.mode, b.mode) == ("shared", "shared") and a.errors == b.errors == 0
+            b.release(got)
+    finally:
+        stop = True
+        await probing
+        await relay.stop()
+    assert worst < 0.1, worst
