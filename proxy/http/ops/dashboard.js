@@ -142,6 +142,18 @@ function breakerOf(status, provider) {
   return [worst, text];
 }
 
+function sharedText(state) {
+  if (state.backend !== "redis") return "";
+  const entered = state.entered || {};
+  const away = (entered.local || 0) + (entered.reject || 0);
+  const now = state.mode === "shared"
+    ? "shared with " + state.replicas_alive + " replicas"
+    : "Redis away: " + state.mode + " for " + seconds(state.mode_for_s);
+  const past = away ? "fell back " + away + "\u00d7, " + seconds(state.fallback_s) : "";
+  const rebuilt = (state.rebuilt || {}).times ? "rebuilt " + state.rebuilt.times + "\u00d7" : "";
+  return [now, past, rebuilt].filter(Boolean).join(", ");
+}
+
 function render(snap, first) {
   const status = snap.status;
   const now = snap.t;
@@ -269,6 +281,7 @@ function render(snap, first) {
   $("spend").dataset.value = spend;
   const config = status.config || {};
   $("meta").textContent = [
+    sharedText(status.state || {}),
     status.schedule ? "schedule " + status.schedule : "",
     config.version ? "config " + config.version : "",
     "updated " + new Date().toLocaleTimeString(),
