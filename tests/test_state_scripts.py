@@ -7,8 +7,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.state import scripts
 
@@ -30,12 +33,9 @@ class Lua:
     def batch(self, releases: list[tuple[str, int]],
               acquires: list[tuple[str, int, int, int, str, float, int]],
               ttl: int = TTL, provider: str = "p") -> list[int]:
-        args: list[Any] = [self.p, ttl, len(releases)]
-        for member, limit in releases:
-            args += [provider, member, limit]
-        args.append(len(acquires))
-        for member, limit, rank, waited_ms, key, weight, claim_ms in acquires:
-            args += [provider, member, limit, rank, waited_ms, key, weight, claim_ms]
+        args: list[Any] = [
+            self.p, ttl, orjson.dumps([(provider, member, limit) for member, limit in releases]),
+            orjson.dumps([(provider, *acquire) for acquire in acquires])]
         return [int(flag) for flag in self._batch(args=args)]
 
     def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
@@ -318,3 +318,43 @@ def test_after_redis_lost_everything_no_slot_is_granted_until_the_replicas_wrote
     time.sleep(1.6)
     lua.beat("b", waiting=("b|1|p",), limit=1, ttl=3000)
     assert lua.leases() == ["b|1|p"]
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("ask"), st.integers(0, 3)),  # a call of that rank asks
+    st.tuples(st.just("end"), st.integers(0, 20)),  # the n-th holder (mod) gives its slot back
+    st.tuples(st.just("cut"), st.integers(1, 3))), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS, limit=st.integers(1, 3))
+def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of_order(
+        ops: list[tuple[str, int]], limit: int) -> None:
+    """Whatever the asks, releases and 429 cuts in one batch after another (the fast path
+    for a free slot included): leases never above the limit, no free slot while a call
+    waits, and a call granted while a more urgent one keeps waiting never."""
+    with prefixed() as (client, prefix):
+        lua = Lua(client, prefix)
+        lua.beat("a")
+        held: list[str] = []
+        rank_of: dict[str, int] = {}
+        for n, (op, value) in enumerate(ops):
+            if op == "ask":
+                member = f"a|{n}|p"
+                rank_of[member] = value
+                lua.batch([], [(member, limit, value, 0, "", 1.0, 0)])
+            elif op == "end" and held:
+                lua.batch([(held[value % len(held)], limit)], [])
+            elif op == "cut":
+                lua._cut(args=[lua.p, "p", value, 60_000])  # lowers, never raises
+            cut = client.get(lua.p + "limit:p")
+            cap = min(limit, int(cut)) if cut else limit
+            leases = lua.leases()
+            waiters = list(client.zrange(lua.p + "waiters:p", 0, -1))
+            newly = [m for m in leases if m not in held]
+            assert len(leases) <= limit and (not newly or len(leases) <= cap)
+            if waiters:
+                assert len(leases) >= cap  # never a slot left free while a call waits
+            for member in newly:
+                assert all(rank_of[w] >= rank_of[member] for w in waiters), (member, waiters)
+            held = leases

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
 from redis.commands.core import AsyncScript
 
 Asked = list[str | int | float]  # provider, member, limit, rank, waited_ms, key, weight, claim_ms
@@ -29,7 +30,7 @@ class Batcher:
         self._limits = limits
         self._on_error = on_error
         self._errors = errors
-        self._acquires: list[tuple[Asked, asyncio.Future[int]]] = []
+        self._acquires: dict[str, tuple[Asked, asyncio.Future[int]]] = {}  # by member
         self._releases: list[tuple[str, str]] = []  # (provider, member)
         self.sender: asyncio.Task[None] | None = None
 
@@ -38,18 +39,16 @@ class Batcher:
         """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch);
         ``key``'s virtual clock moves on by ``claim_ms`` / ``weight``."""
         future = asyncio.get_running_loop().create_future()
-        self._acquires.append(([provider, member, limit, rank, waited_ms, key, weight,
-                                claim_ms], future))
+        self._acquires[member] = ([provider, member, limit, rank, waited_ms, key, weight,
+                                   claim_ms], future)
         self._send_soon()
         return future
 
     def give_back(self, member: str, provider: str) -> None:
         """Release ``member``'s slot, or withdraw it from the waiters (idempotent)."""
-        if any(asked[1] == member for asked, _ in self._acquires):  # never sent: unask
-            for asked, future in self._acquires:
-                if asked[1] == member:
-                    future.cancel()
-            self._acquires = [a for a in self._acquires if a[0][1] != member]
+        unsent = self._acquires.pop(member, None)
+        if unsent is not None:  # never sent: unasked
+            unsent[1].cancel()
         self._releases.append((provider, member))
         self._send_soon()
 
@@ -60,15 +59,14 @@ class Batcher:
     async def _send(self) -> None:
         """One batch in flight at a time; what is asked meanwhile goes in the next one."""
         while self._acquires or self._releases:
-            acquires, self._acquires = self._acquires, []
+            acquires, self._acquires = list(self._acquires.values()), {}
             releases, self._releases = self._releases, []
             limits = self._limits()
-            args: list[Any] = [self._prefix, self._ttl_ms, len(releases)]
-            for provider, member in releases:
-                args += [provider, member, limits.get(provider, 0)]
-            args.append(len(acquires))
-            for asked, _ in acquires:
-                args += asked
+            args: list[Any] = [
+                self._prefix, self._ttl_ms,
+                orjson.dumps([(provider, member, limits.get(provider, 0))
+                              for provider, member in releases]),
+                orjson.dumps([asked for asked, _ in acquires])]
             try:
                 flags = await self._script(args=args)
             except self._errors as exc:

@@ -77,51 +77,74 @@ end
 """
 
 # Slots asked for and given back since the last call, in one round trip. ARGV: prefix,
-# ttl_ms, then counted lists: releases (provider, member, limit), acquires (provider,
-# member, limit, rank, waited_ms, key, weight, claim_ms). Answers one flag per acquire: 1
-# granted, 0 waiting (its replica is woken through its wake list when a slot is handed to
-# it). Releasing twice, or a member never seen, is harmless; releasing a waiter withdraws
-# it. Releases go first, so a slot given back in the same batch is handed to the best
-# waiter, not the batch's next.
+# ttl_ms, releases, acquires: each a JSON list (one argument each, so a batch of a hundred
+# costs the client one string to send, not eight hundred), a release [provider, member,
+# limit], an acquire [provider, member, limit, rank, waited_ms, key, weight, claim_ms].
+# Answers one flag per acquire: 1 granted, 0 waiting (its replica is woken through its wake
+# list when a slot is handed to it). Releasing twice, or a member never seen, is harmless;
+# releasing a waiter withdraws it. Releases go first, so a slot given back in the same batch
+# is handed to the best waiter, not the batch's next.
 BATCH = _NOW + _REBUILD + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
 -- every replica beats before it serves: no replicas means Redis lost them
 if redis.call('EXISTS', p .. 'replicas') == 0 then rebuilding(p, ttl) end
-local i = 3
 local swept = {}
-for _ = 1, tonumber(ARGV[i]) do
-  local prov, member = ARGV[i + 1], ARGV[i + 2]
-  redis.call('ZREM', p .. 'leases:' .. prov, member)
-  redis.call('ZREM', p .. 'waiters:' .. prov, member)
-  redis.call('ZREM', p .. 'wexp:' .. prov, member)
-  swept[prov] = tonumber(ARGV[i + 3])
-  i = i + 3
+for _, release in ipairs(cjson.decode(ARGV[3])) do
+  local prov, member = release[1], release[2]
+  if redis.call('ZREM', p .. 'leases:' .. prov, member) == 0 then  -- a waiter withdrawn
+    redis.call('ZREM', p .. 'waiters:' .. prov, member)
+    redis.call('ZREM', p .. 'wexp:' .. prov, member)
+  end
+  swept[prov] = release[3]
 end
 for prov, limit in pairs(swept) do
   sweep(p, prov, limit, now, ttl, '')
 end
-i = i + 1
+-- Free slots of a provider nobody waits for (0 once someone may): a call granted one
+-- takes it at once, without joining the waiters to be popped straight back.
+local frozen = redis.call('EXISTS', p .. 'rebuilding') == 1
+local room = {}
+local function free(prov, limit)
+  local left = room[prov]
+  if left == nil then
+    local lk = p .. 'leases:' .. prov
+    redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+    local cut = redis.call('GET', p .. 'limit:' .. prov)
+    if cut then limit = math.min(limit, tonumber(cut)) end
+    left = limit - redis.call('ZCARD', lk)
+    if frozen or redis.call('EXISTS', p .. 'waiters:' .. prov) == 1 then left = 0 end
+  end
+  return left
+end
 local granted = {}
-for _ = 1, tonumber(ARGV[i]) do
-  local prov, member, limit = ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+for _, ask in ipairs(cjson.decode(ARGV[4])) do
+  local prov, member, limit = ask[1], ask[2], ask[3]
   local lk = p .. 'leases:' .. prov
-  if not redis.call('ZSCORE', lk, member) then
-    local rank, base = ARGV[i + 4], now - EPOCH_MS
-    local vk, field = p .. 'vclock:' .. prov, rank .. '|' .. ARGV[i + 6]
+  local left = free(prov, limit)
+  local flag = 1
+  if redis.call('ZSCORE', lk, member) then
+    room[prov] = left
+  elseif left > 0 then
+    redis.call('ZADD', lk, now + ttl, member)
+    room[prov] = left - 1
+  else
+    room[prov] = 0
+    local rank, base = ask[4], now - EPOCH_MS
+    local vk, field = p .. 'vclock:' .. prov, string.format('%d|%s', rank, ask[6])
     local lead = tonumber(redis.call('HGET', vk, field) or '0') - base
     if lead < 0 then lead = 0 end
-    local start = base - tonumber(ARGV[i + 5]) + lead
-    local score = tonumber(rank) * 2199023255552 + start
+    local start = base - ask[5] + lead
+    local score = rank * 2199023255552 + start
     redis.call('ZADD', p .. 'waiters:' .. prov, score, member)
     redis.call('ZADD', p .. 'wexp:' .. prov, now + ttl, member)
     sweep(p, prov, limit, now, ttl, member)
     if not redis.call('ZSCORE', lk, member) then  -- it waits: its key's clock moves on
-      redis.call('HSET', vk, field, base + lead + tonumber(ARGV[i + 8]) / tonumber(ARGV[i + 7]))
+      redis.call('HSET', vk, field, base + lead + ask[8] / ask[7])
       redis.call('PEXPIRE', vk, 86400000)
+      flag = 0
     end
   end
-  granted[#granted + 1] = redis.call('ZSCORE', lk, member) and 1 or 0
-  i = i + 8
+  granted[#granted + 1] = flag
 end
 return granted
 """
