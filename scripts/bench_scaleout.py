@@ -77,6 +77,15 @@ async def admission(calls: int, callers: int) -> tuple[float, float]:
     return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000
 
 
+def scripts_run() -> tuple[int, int]:
+    """Scripts Redis has run since it started, and the µs it spent in them (every
+    client's: run the bench on a Redis of its own for exact figures)."""
+    stats = redis.Redis.from_url(REDIS_URL).info("commandstats")
+    found = [stats.get(name, {}) for name in ("cmdstat_evalsha", "cmdstat_eval")]
+    return (sum(int(s.get("calls", 0)) for s in found),
+            sum(int(s.get("usec", 0)) for s in found))
+
+
 class _Hooks:
     def on_mode(self, mode: str, alive: int) -> None:
         if mode != "shared":
@@ -147,6 +156,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--admission-only", action="store_true",
+                        help="measure admission, not throughput")
     args = parser.parse_args()
     if args.role == "loadgen":
         serve_loads()
@@ -158,9 +169,14 @@ def main() -> None:
     print(f"machine: {machine()}")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         for callers in (1, 32):
+            before = scripts_run()
             p50, p99 = runner.run(admission(5000, callers))
+            calls, usec = (a - b for a, b in zip(scripts_run(), before, strict=True))
             print(f"admission through Redis, {callers:>2} at once: p50 {p50:.3f} ms, "
-                  f"p99 {p99:.3f} ms (memory backend: none)")
+                  f"p99 {p99:.3f} ms (memory backend: none); Redis ran {calls} scripts, "
+                  f"{usec / max(calls, 1):.0f} µs each")
+    if args.admission_only:
+        return
     print(f"throughput: closed loop, {args.connections} conns, {args.rounds} rounds x "
           f"{args.duration:g} s, targets alternated (medians)")
     for line in throughput(args):
