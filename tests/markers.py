@@ -38,6 +38,7 @@ SOCKET_FIXTURES = frozenset({
 # What fixtures cannot tell, by module: markers every test of it gets, and why.
 MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_wire": (("e2e",), "the upstream client against raw asyncio servers on loopback"),
+    "test_tracing": (("e2e",), "a fresh interpreter proves OpenTelemetry stays unimported"),
     "test_serve": (("e2e",), "the real `serve` in a subprocess"),
     "test_scaleout": (("e2e", "redis"), "replicas of `serve` sharing one Redis"),
     "test_state_shared": (("e2e", "redis"), "the redis state backend, on a real Redis"),

@@ -34,6 +34,7 @@ from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
 from .reader import ConfigError, Node, fail, shown
 from .state import StateSettings, parse_state
+from .telemetry import TelemetrySettings, parse_telemetry
 
 __all__ = ["ApiKey", "Config", "ConfigError", "Provider", "load_config", "parse_config"]
 
@@ -93,6 +94,7 @@ class Config:
     state: StateSettings = field(default_factory=StateSettings)
     batch: BatchSettings = field(default_factory=lambda: BatchSettings(tier="low"))
     storage: StorageSettings = field(default_factory=StorageSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     version: str = ""  # sha256 prefix of the file it came from
 
     @property
@@ -217,6 +219,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
     state = parse_state(root.node("state"))
     batch = parse_batch(root.node("batch"), names)
     storage = parse_storage(root.node("storage"))
+    telemetry = parse_telemetry(root.node("telemetry"))
     root.check_unknown()
     for message in warnings:
         log.warning("%s", message)
@@ -226,7 +229,7 @@ def _parse(data: object, env: Mapping[str, str]) -> Config:
         providers=providers, models=models, schedules=schedules, timezone=timezone,
         retry=retry, limits=limits, estimate=estimate, warnings=tuple(warnings),
         admin_sha256=admin_sha256, access_log=access_log, drain_timeout_s=drain_timeout_s,
-        server=server, state=state, batch=batch, storage=storage,
+        server=server, state=state, batch=batch, storage=storage, telemetry=telemetry,
     )
 
 

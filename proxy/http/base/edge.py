@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from yarl import URL
@@ -53,7 +53,7 @@ class Incoming(Protocol):
     async def read(self) -> bytes: ...
     def __getitem__(self, key: web.RequestKey[_T]) -> _T: ...
     def __setitem__(self, key: web.RequestKey[_T], value: _T) -> None: ...
-    def get(self, key: web.RequestKey[bool], /) -> Any: ...
+    def get(self, key: web.RequestKey[_T], /) -> _T | None: ...
 
 
 async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,

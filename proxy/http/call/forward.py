@@ -46,6 +46,7 @@ from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
 from .service import SERVICE, Service
+from .tracing import TRACE
 
 FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
 
@@ -204,6 +205,7 @@ def _count(value: object) -> int | None:
 async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamResponse:
     attempts = exchange.attempts
     command: Command = attempts.start(service.clock.now())
+    trace = exchange.request.get(TRACE)
     while True:
         service.admission.settle()
         match command:
@@ -211,8 +213,12 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 make_room(service, attempts, ticket)
                 decision = service.admission.enter(ticket)
                 if decision is None:
+                    if trace is not None:
+                        trace.queued()
                     decision = await service.admission.decided(ticket)
                 now = service.clock.now()
+                if trace is not None:
+                    trace.dispatched(getattr(decision, "code", "granted"))
                 if isinstance(decision, Rejection):
                     command = attempts.refused(decision.code, decision.retry_after_s, now)
                 else:
@@ -238,6 +244,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 sent = service.clock.now()
                 result = await _send(service, exchange, path, deployment)
                 service.metrics.attempts.get(deployment.provider, result.verdict.value).inc()
+                if trace is not None:
+                    trace.attempted(result.verdict.value, result.status)
                 predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
                 now = service.clock.now()
                 command = attempts.finished(result, now)
@@ -299,6 +307,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
     for name in FORWARDED_REQUEST_HEADERS:
         if name in request.headers:
             forwarded[name] = request.headers[name]
+    trace = request.get(TRACE)
+    if trace is not None:
+        trace.attempt(deployment, provider.kind, forwarded)
     upstream_request = UpstreamRequest(
         path=path, body=orjson.dumps(body), model=deployment.model, stream=call.stream,
         headers=forwarded,

@@ -18,6 +18,7 @@ from ..base.access import CallRecord
 from ..base.edge import Incoming, client_request_id
 from ..base.keys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from .service import SERVICE
+from .tracing import TRACE, TRACING
 
 log = logging.getLogger(__name__)
 _PROXIED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
@@ -84,6 +85,10 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
     record = request[RECORD] = CallRecord(service.clock.wall())
     started = service.clock.now()
     status = 500
+    tracing = request.app.get(TRACING)
+    trace = None if tracing is None else tracing.begin(request.path, request.headers)
+    if trace is not None:
+        request[TRACE] = trace
     try:
         response = await handler(request)
         status = response.status
@@ -122,6 +127,8 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
         error = ProxyError("The proxy failed unexpectedly; this is a bug.")
         return error_response(error, request_id, record.tier)
     finally:
+        if trace is not None:
+            trace.end(status, record)
         path = request.path
         if path in _PROXIED:
             service.metrics.requests.get(record.tier or "none", str(status)).inc()

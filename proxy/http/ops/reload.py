@@ -40,6 +40,8 @@ def restart_needed(old: Config, new: Config) -> list[str]:
         changed.append("server")
     if new.state != old.state:
         changed.append("state")
+    if new.telemetry != old.telemetry:
+        changed.append("telemetry")
     return changed
 
 
@@ -47,7 +49,7 @@ def kept_for_restart(old: Config, new: Config) -> Config:
     """``new`` with the settings only a restart applies as they are now."""
     return dataclasses.replace(
         new, listen=old.listen, access_log=old.access_log, drain_timeout_s=old.drain_timeout_s,
-        server=old.server, state=old.state,
+        server=old.server, state=old.state, telemetry=old.telemetry,
         limits=dataclasses.replace(new.limits, max_body_bytes=old.limits.max_body_bytes))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -20,6 +20,7 @@ from ..base.keys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus
 from ..call import forward
 from ..call.middleware import REQUEST_IDS, RequestIds, errors_middleware
 from ..call.service import SERVICE, Service
+from ..call.tracing import TRACING, Tracing
 from ..ops import admin
 from ..ops.reload import RELOADER, Reloader
 from ..upstream.simulated import SimulatedUpstream
@@ -27,6 +28,9 @@ from ..upstream.upstream import HttpUpstream, Upstream
 from ..work import batches
 from ..work.runner import WORK, Work
 from .janitor import sweeping
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,10 @@ def build_app(
     access_stream: IO[str] | None = None,
     config_path: str | Path | None = None,
     internal_token: str | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> web.Application:
     """``access_stream``: where the access log goes when the config turns it on (stdout);
+    ``span_exporter``: where traces go when the config turns them on (OTLP/HTTP);
     ``config_path``: the file a reload reads again; ``internal_token``: what the proxy's
     own calls authenticate with (the same for every worker of ``serve --workers``). Work
     that can wait runs once ``app[WORK].start(url)`` says where the proxy listens."""
@@ -69,6 +75,8 @@ def build_app(
     app[RELOADER] = Reloader(config_path)
     app[LANE] = LaneStatus()
     app[BACKGROUND] = batches.create_background
+    if config.telemetry.otlp_endpoint is not None:
+        app[TRACING] = Tracing(config.telemetry, span_exporter)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         upstreams: Mapping[str, Upstream] = {
@@ -87,6 +95,8 @@ def build_app(
         app[LIFECYCLE].draining = True
         await app[WORK].close()
         await service.close()
+        if TRACING in app:  # what is still buffered goes out (bounded by its timeout)
+            app[TRACING].close()
 
     async def drain(app: web.Application) -> None:
         # Runs once the listener has stopped and before aiohttp itself waits for handlers:

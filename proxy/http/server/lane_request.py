@@ -80,7 +80,7 @@ class FastRequest:
     def __setitem__(self, key: web.RequestKey[_T], value: _T) -> None:
         self._state[key] = value
 
-    def get(self, key: web.RequestKey[bool], /) -> Any:
+    def get(self, key: web.RequestKey[_T], /) -> _T | None:
         return self._state.get(key)
 
     def for_aiohttp(self) -> web.BaseRequest:
