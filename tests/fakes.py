@@ -88,7 +88,7 @@ class Seen:
 @dataclass
 class FakeUpstream:
     """Behaviour per call comes from ``script`` (then ``default``):
-    ok | 500 | 429 | 400 | 401 | stall | cut | half | early_end | slow | flood. With
+    ok | 500 | 429 | flex_429 | 400 | 401 | stall | cut | half | early_end | slow | flood. With
     ``capacity`` set, a call past that many at once is answered 429 whatever the script
     says, like a provider whose real limit is lower than the proxy was told."""
 
@@ -181,6 +181,11 @@ class FakeUpstream:
                 {"error": {"message": "slow down", "type": "rate_limit", "param": None,
                            "code": "rate_limit_exceeded"}},
                 status=429, headers={"retry-after-ms": self.retry_after_ms})
+        if mode == "flex_429":  # OpenAI's flex tier has no room just now
+            return web.json_response(
+                {"error": {"message": "Resource unavailable, please try again later.",
+                           "type": "server_error", "param": None,
+                           "code": "resource_unavailable"}}, status=429)
         if mode == "401":
             return web.json_response(
                 {"error": {"message": "Incorrect API key provided: sk-prov***ider",

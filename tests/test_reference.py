@@ -101,7 +101,7 @@ FULL: dict[str, Any] = {
     "providers": [
         {"name": "openai", "kind": "openai", "base_url": "https://api.openai.com/v1",
          "api_key": "${OPENAI_KEY}", "max_concurrency": 4, "rpm": 60, "tpm": 6000,
-         "headers": {"X-Team": "${TEAM}"}, "accepts_service_tier": False,
+         "headers": {"X-Team": "${TEAM}"}, "accepts_service_tier": True,
          "max_response_bytes": 1024,
          "timeouts": {"connect_s": 1, "first_byte_s": 2, "idle_s": 3, "response_s": 4},
          "breaker": {"consecutive_failures": 2, "error_rate": 0.4, "window_s": 10,
@@ -124,7 +124,9 @@ FULL: dict[str, Any] = {
             "cache": {"ttl_s": 60, "max_entries": 10},
             "candidates": [
                 {"provider": "openai", "model": "gpt", "input_cost": 1, "output_cost": 2,
-                 "quality": 0.9, "weight": 2, "max_output_tokens": 100},
+                 "quality": 0.9, "weight": 2, "max_output_tokens": 100,
+                 "service_tier": {"critical": "priority", "low": "flex"},
+                 "costs": {"flex": {"input": 0.5, "output": 1}}},
                 {"provider": "sim", "model": "small"},
             ],
         },
@@ -162,7 +164,9 @@ SPARSE: dict[str, Any] = {
         {"name": "sim", "kind": "simulated"},
     ],
     "models": {"chat": {"degrade": {"max_wait_s": 5}, "cache": {},
-                        "candidates": [{"provider": "sim", "model": "small"}]}},
+                        "candidates": [{"provider": "sim", "model": "small"},
+                                       {"provider": "openai", "model": "x",
+                                        "costs": {"flex": {"input": 1, "output": 1}}}]}},
     "admin": {"key_sha256": "1" * 64},
 }
 
@@ -219,6 +223,7 @@ def normalized(path: str) -> str:
     a model written as a list is its ``candidates``."""
     path = re.sub(r"\[\d+\]", "[]", path)
     path = re.sub(r"^models\.[^.\[]+", "models.<name>", path)
+    path = re.sub(r"\.costs\.[^.]+", ".costs.<tier>", path)  # a provider tier's prices
     return re.sub(r"^models\.<name>\[\]", "models.<name>.candidates[]", path)
 
 

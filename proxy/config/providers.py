@@ -22,6 +22,7 @@ from .reader import UNSET, Node, fail, interpolate, shown
 
 PROVIDER_KINDS = ("openai", "azure", "simulated")
 FORWARDED_SERVICE_TIERS = ("openai",)
+PROVIDER_TIERS = ("auto", "default", "flex", "priority", "scale")  # OpenAI's service_tier
 
 
 def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider], set[str]]:
@@ -158,7 +159,7 @@ def parse_models(
                 fail(f"{path}.max_cost.{tier}", "must be a positive number")
             max_cost[tier_name] = float(cost)
         candidates = _candidates(path if isinstance(value, list) else f"{path}.candidates",
-                                 node, providers, declared)
+                                 node, providers, declared, names)
         degradation = _degradation(node, names, candidates) if node.has("degrade") else None
         cache = _cache(node.node("cache")) if node.has("cache") else None
         node.check_unknown()
@@ -199,7 +200,8 @@ def _cache(node: Node) -> CacheSettings:
 
 
 def _candidates(
-    path: str, node: Node, providers: Mapping[str, Provider], declared: set[str]
+    path: str, node: Node, providers: Mapping[str, Provider], declared: set[str],
+    names: tuple[str, ...],
 ) -> tuple[Deployment, ...]:
     raw = node.raw("candidates")
     if not isinstance(raw, list) or not raw:
@@ -218,16 +220,45 @@ def _candidates(
             weight=c.number("weight", 1.0, positive=True),
             max_output_tokens=c.integer("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS,
                                         minimum=1),
+            service_tiers=_service_tiers(c, names),
+            tier_costs=_tier_costs(c),
         )
         c.check_unknown()
         if provider not in providers:
             if provider in declared:
                 continue  # disabled (secret unset); already warned
             fail(f"{item_path}.provider", f"unknown provider {shown(provider)}")
+        if deployment.service_tiers and not providers[provider].accepts_service_tier:
+            fail(f"{item_path}.service_tier", f"provider {shown(provider)} is not sent "
+                 "service_tier (set its accepts_service_tier: true)")
         if any(d.id == deployment.id for d in result):
             fail(item_path, f"duplicate deployment {deployment.id!r}")
         result.append(deployment)
     return tuple(result)
+
+
+def _service_tiers(node: Node, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``service_tier: {critical: priority, low: flex}``: proxy tier → provider tier."""
+    found = []
+    for tier, value in node.mapping("service_tier").items():
+        path = f"{node.sub('service_tier')}.{tier}"
+        name = names[tier_index(tier, names, path)]
+        if value not in PROVIDER_TIERS:
+            fail(path, f"must be one of {', '.join(PROVIDER_TIERS)}")
+        found.append((name, str(value)))
+    return tuple(found)
+
+
+def _tier_costs(node: Node) -> tuple[tuple[str, float, float], ...]:
+    """``costs: {flex: {input: 0.075, output: 0.30}}``: a provider tier's own prices."""
+    found = []
+    for tier in node.mapping("costs"):
+        if tier not in PROVIDER_TIERS:
+            fail(f"{node.sub('costs')}.{tier}", f"must be one of {', '.join(PROVIDER_TIERS)}")
+        prices = node.node("costs").node(tier)
+        found.append((tier, prices.number("input"), prices.number("output")))
+        prices.check_unknown()
+    return tuple(found)
 
 
 def _degradation(

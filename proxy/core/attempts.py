@@ -7,6 +7,8 @@ A driver (``proxy.http.call.forward`` over sockets, or a simulator on a virtual 
                ▲      │ refused             │
                │      ▼                     ├─ 429: its deployment pauses; queued again, in
                │    Fail(error)             │        its place, until the tier's deadline
+               │                            ├─ flex 429 "resource unavailable": queued
+               │                            │        again, sent without service_tier
                │                            ├─ 5xx, timeout: the next candidate, or the same
                └── Wait(backoff) ◀──────────┤        one after a backoff (retry budget)
                                             └─ 401/403: the next candidate, else 502
@@ -34,7 +36,17 @@ from .errors import (
     UpstreamAuthError,
     UpstreamUnavailable,
 )
-from .fleet import ABANDONED, AUTH, DOWN, GO, RATE_LIMITED, SUCCESS, THROTTLED, Verdict
+from .fleet import (
+    ABANDONED,
+    AUTH,
+    DECLINED,
+    DOWN,
+    GO,
+    RATE_LIMITED,
+    SUCCESS,
+    THROTTLED,
+    Verdict,
+)
 from .plan import Plan
 from .retry import backoff_s
 from .route import Deployment, degrade, rank
@@ -106,10 +118,22 @@ class Result:
     ttft_s: float | None = None
 
 
+def tier_declined(service_tier: str | None, status: int, body: bytes) -> bool:
+    """Whether an upstream refusal is the provider declining the service tier the call was
+    sent with, not limiting the proxy: a flex 429 "resource unavailable" (OpenAI), or a
+    498 "capacity exceeded" (Groq's flex)."""
+    if service_tier != "flex":
+        return False
+    if status == 498:
+        return True
+    text = body[:4096].lower()
+    return status == 429 and (b"resource_unavailable" in text or b"resource unavailable" in text)
+
+
 class Attempts:
     __slots__ = ("_excluded", "_failed", "_failed_providers", "_key_open", "_pending",
-                 "_sent", "_started", "attempts", "deployment", "engine", "last", "plan",
-                 "ticket", "usage", "used")
+                 "_sent", "_started", "attempts", "declined", "deployment", "engine", "last",
+                 "plan", "service_tier", "ticket", "usage", "used")
 
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self.engine = engine
@@ -129,6 +153,8 @@ class Attempts:
         self._pending: tuple[Deployment, ...] = ()
         self._key_open = False  # the key's share is taken and not yet settled
         self._sent = False
+        self.service_tier: str | None = None  # the provider tier the last attempt was sent with
+        self.declined = False  # the provider declined its tier once: sent without from then
 
     @property
     def queue_s(self) -> float:
@@ -156,6 +182,8 @@ class Attempts:
             self._started = now
             self.attempts += 1
             self._sent = True
+            self.service_tier = None if self.declined else deployment.service_tier(
+                self.engine.tier_names[min(ticket.tier, len(self.engine.tier_names) - 1)])
             return Send(deployment)
         self.engine.scheduler.give_back(ticket, now)
         if start is RATE_LIMITED:  # its provider is paused now; wait in place
@@ -202,6 +230,10 @@ class Attempts:
         if verdict is THROTTLED:
             self.attempts -= 1  # throttling spends no attempt: the deadline bounds it
             return Queue(ticket)  # its deployment is paused; it goes again when that ends
+        if verdict is DECLINED and not self.declined:
+            self.declined = True  # once: its next attempt is sent without service_tier
+            self.attempts -= 1
+            return Queue(ticket)
         self.last = result
         if verdict is AUTH:
             self._excluded |= {deployment.id}

@@ -45,6 +45,9 @@ class Verdict(enum.Enum):
     THROTTLED = "throttle"  # 429
     AUTH = "auth"  # 401/403: the provider's key is wrong; a failure of the deployment
     ABANDONED = "abandon"  # the client left
+    # A 429 "resource unavailable" to a call sent with a provider service tier (flex): the
+    # provider is not limiting the proxy, that tier is full; sent again without it.
+    DECLINED = "declined"
 
 
 class Start(enum.Enum):
@@ -62,6 +65,7 @@ FAILURE: Final = Verdict.FAILURE
 THROTTLED: Final = Verdict.THROTTLED
 AUTH: Final = Verdict.AUTH
 ABANDONED: Final = Verdict.ABANDONED
+DECLINED: Final = Verdict.DECLINED
 GO: Final = Start.GO
 RATE_LIMITED: Final = Start.RATE_LIMITED
 DOWN: Final = Start.DOWN

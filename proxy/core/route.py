@@ -38,15 +38,33 @@ class Deployment:
     quality: float = 0.5
     weight: float = 1.0
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
+    # The provider's ``service_tier`` a call of each proxy tier is sent with (proxy tier
+    # name, provider tier), and the provider tiers' own prices (tier, input, output).
+    service_tiers: tuple[tuple[str, str], ...] = ()
+    tier_costs: tuple[tuple[str, float, float], ...] = ()
     # ``provider/model``: names the deployment in metrics, breakers and headers.
     id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", f"{self.provider}/{self.model}")
 
-    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
-        """Dollars for a call; prices are per million tokens."""
-        return (prompt_tokens * self.input_cost + output_tokens * self.output_cost) / 1_000_000
+    def service_tier(self, tier: str) -> str | None:
+        """The provider tier a call of proxy tier ``tier`` is sent with (None: none)."""
+        for name, provider_tier in self.service_tiers:
+            if name == tier:
+                return provider_tier
+        return None
+
+    def cost(self, prompt_tokens: int, output_tokens: int,
+             service_tier: str | None = None) -> float:
+        """Dollars for a call sent with ``service_tier`` (its own price where one is set);
+        prices are per million tokens."""
+        input_cost, output_cost = self.input_cost, self.output_cost
+        if service_tier is not None:
+            for name, tier_input, tier_output in self.tier_costs:
+                if name == service_tier:
+                    input_cost, output_cost = tier_input, tier_output
+        return (prompt_tokens * input_cost + output_tokens * output_cost) / 1_000_000
 
     def output_cap(self, tokens: int) -> int:
         """``tokens`` expected out, capped at what this deployment may produce."""
@@ -130,15 +148,15 @@ def rank(
     deployment the policy allows is unavailable.
     """
     ordered = _order(
-        route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens
-    )
+        route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens,
+        tier)
     max_cost = route.max_cost.get(tier)
     if max_cost is not None:
-        affordable = [d for d in ordered if d.cost(prompt_tokens, output_tokens) <= max_cost]
-        if affordable or not ordered:
-            ordered = affordable
-        else:
-            ordered = [min(ordered, key=lambda d: d.cost(prompt_tokens, output_tokens))]
+        def price(d: Deployment) -> float:
+            return d.cost(prompt_tokens, output_tokens, d.service_tier(tier))
+
+        affordable = [d for d in ordered if price(d) <= max_cost]
+        ordered = affordable if affordable or not ordered else [min(ordered, key=price)]
     return [d for d in ordered if stats.get(d.id, _NO_STATS).available]
 
 
@@ -149,13 +167,15 @@ def _order(
     rng: random.Random,
     prompt_tokens: int,
     output_tokens: int,
+    tier: str = "",
 ) -> list[Deployment]:
     if strategy == "ordered":
         return list(candidates)
     if strategy == "weighted":
         return _weighted_order(candidates, rng)
     if strategy == "cheapest":
-        return sorted(candidates, key=lambda d: d.cost(prompt_tokens, output_tokens))
+        return sorted(candidates, key=lambda d: d.cost(prompt_tokens, output_tokens,
+                                                       d.service_tier(tier)))
     if strategy == "best_quality":
         return sorted(candidates, key=lambda d: -d.quality)
     if strategy == "least_busy":

@@ -196,7 +196,8 @@ class _Reference:
             self._take(deployment.provider, tier, took)
             outcome.wait_s, outcome.service_s = now - outcome.arrived, took
             outcome.provider = deployment.provider
-            outcome.cost_usd = deployment.cost(call.prompt_tokens, output)
+            outcome.cost_usd = deployment.cost(call.prompt_tokens, output,
+                                               deployment.service_tier(outcome.tier))
             outcome.done_at = now + took
             self.busy[deployment.provider] += took
             heapq.heappush(events, (now + took, _DONE, next(order), i, deployment.provider))

@@ -233,7 +233,7 @@ class _Replay:
         ttft, took = service_s(self.config, deployment, row.prompt_tokens, output)
         outcome.provider = deployment.provider
         outcome.service_s = took
-        outcome.cost_usd = deployment.cost(row.prompt_tokens, output)
+        outcome.cost_usd = deployment.cost(row.prompt_tokens, output, attempts.service_tier)
         self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
         result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
                         completion_tokens=output, ttft_s=ttft)

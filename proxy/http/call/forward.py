@@ -26,10 +26,11 @@ from ...core.attempts import (
     Result,
     Send,
     Wait,
+    tier_declined,
 )
 from ...core.classify import RequestFacts, upstream_service_tier
 from ...core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
-from ...core.fleet import ABANDONED, AUTH, FAILURE, SUCCESS, THROTTLED
+from ...core.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
 from ...core.plan import Plan
 from ...core.request import Call, Kind
 from ...core.retry import parse_retry_after
@@ -263,7 +264,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     record.prompt_tokens = usage.prompt_tokens
                     record.completion_tokens = usage.completion_tokens
                     record.cost_usd = record_usage(service, exchange.plan, deployment, usage,
-                                                   predicted, now - sent)
+                                                   predicted, now - sent,
+                                                   attempts.service_tier)
             case Wait(until=until):
                 await asyncio.sleep(max(until - service.clock.now(), 0.0))
                 command = attempts.resume(service.clock.now())
@@ -295,7 +297,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
     body["model"] = deployment.model
     tier, tier_name = _tier(service, exchange)
     service_tier = upstream_service_tier(call.service_tier, tier)
-    if service_tier is None or not provider.accepts_service_tier:
+    if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
+        body["service_tier"] = exchange.attempts.service_tier
+    elif service_tier is None or not provider.accepts_service_tier or exchange.attempts.declined:
         body.pop("service_tier", None)
     if strip_usage:
         body["stream_options"] = {**(call.body.get("stream_options") or {}),
@@ -326,7 +330,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
             service.engine.fleet.observe_quota(deployment.provider, headers, service.clock.now())
             service.admission.settle()
         status = response.status
-        if status == 429 or status >= 500 or status in (401, 403):
+        if status in (429, 498) or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
         headers = answer_headers(request, tier_name, exchange.attempts.queue_s,
                                  deployment, response)
@@ -379,6 +383,8 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
     retry_after = parse_retry_after(response.headers, service.clock.wall())
     if status in (401, 403):
         return Result(AUTH, status=status)
+    if tier_declined(exchange.attempts.service_tier, status, body):
+        return Result(DECLINED, status=status)
     if status == 429:
         return Result(THROTTLED, status=status, retry_after_s=retry_after)
     headers = upstream_headers(response.headers, error=True)
