@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 from ..config.state import StateSettings
 from ..core.errors import StateUnavailable
 from . import scripts
+from .answers import SharedAnswers
 from .base import Hooks, Lease, LocalRates, replica_id
 from .batcher import Batcher
 
@@ -97,6 +98,7 @@ class RedisState:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
+        self.answers = SharedAnswers(settings, lambda: self.mode == "shared")
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -124,6 +126,7 @@ class RedisState:
             await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
         with contextlib.suppress(*REDIS_ERRORS):
             await self._redis.zrem(self._p + "replicas", self.replica)
+        await self.answers.close()
         await self._redis.aclose()
         await self._blocking.aclose()
 
@@ -406,4 +409,5 @@ class RedisState:
             "replica": self.replica, "mode": self.mode, "replicas_alive": self.alive,
             "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
             "waiting": len(self._waiting), "errors": self.errors, "last_error": self.last_error,
+            "answers_errors": self.answers.errors,
         }
