@@ -16,9 +16,19 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import ConfigError
+from proxy.core.clock import FakeClock
 from proxy.core.request import BodyLimits, parse_call
 from proxy.core.tokens import TokenCounter
-from proxy.http.call.cache import assemble, cache_key, deterministic, replay
+from proxy.http.call.cache import (
+    Entry,
+    ResponseCache,
+    assemble,
+    cache_key,
+    deterministic,
+    pack,
+    replay,
+    unpack,
+)
 from proxy.http.call.relay import event_data
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
@@ -277,3 +287,80 @@ def test_a_replayed_stream_keeps_logprobs() -> None:
     answer["choices"][0]["logprobs"] = logprobs
     events = [event_data(e) for e in replay("chat", orjson.dumps(answer), False).split(b"\n\n")]
     assert orjson.loads(events[0] or b"{}")["choices"][0]["logprobs"] == logprobs
+
+
+def test_an_entry_packs_for_redis_and_back() -> None:
+    answer = orjson.dumps(completion("up", "line one\nline two"))
+    entry = Entry(answer, "p0/up0", 5, None)
+    packed = pack(entry)
+    assert packed.endswith(b"\n" + answer) and unpack(packed) == entry
+    assert unpack(pack(Entry(answer, "p/\n", True, 3))) == Entry(
+        answer, "p/\n", None, 3)
+    for garbage in (b"", b"no head", b"[1, \"d\", 1, 2]", b"[2, \"d\", 1, 2]\n{}",
+                    b"[1, 5, 1, 2]\n{}", b"{}\n{}", b"[1, \"d\"]\n{}", b"\xff\n{}"):
+        assert unpack(garbage) is None, garbage
+
+
+class FleetCache:
+    """``Answers`` in memory: what a replica would find in Redis."""
+
+    def __init__(self) -> None:
+        self.entries: dict[bytes, tuple[bytes, float]] = {}
+        self.kept: list[tuple[str, float, int]] = []
+        self.on_error: Callable[[str], None] = lambda operation: None
+        self.asked = 0
+
+    async def recall(self, digest: bytes) -> tuple[bytes, float] | None:
+        self.asked += 1
+        return self.entries.get(digest)
+
+    def keep(self, model: str, digest: bytes, packed: bytes, ttl_s: float,
+             max_entries: int) -> None:
+        self.entries[digest] = (packed, ttl_s)
+        self.kept.append((model, ttl_s, max_entries))
+
+    async def home(self, response_id: str) -> str | None:
+        return None
+
+    def remember(self, response_id: str, deployment: str) -> None:
+        return None
+
+
+def caching(make_config: Callable[..., Any], shared: FleetCache | None,
+            clock: FakeClock) -> ResponseCache:
+    config = make_config([{"name": "p", "base_url": "http://127.0.0.1:9/v1"}],
+                         {"m": {"candidates": [{"provider": "p", "model": "x"}],
+                                "cache": {"ttl_s": 60, "max_entries": 2}}})
+    cache = ResponseCache(clock, shared)
+    cache.configure(config.models)
+    return cache
+
+
+async def test_the_fleets_entry_is_kept_here_no_longer_than_it_is_there(
+        make_config: Callable[..., Any]) -> None:
+    clock, fleet = FakeClock(), FleetCache()
+    cache = caching(make_config, fleet, clock)
+    entry = Entry(b'{"id": "a"}', "p/x", 1, 2)
+    cache.put("m", b"k1", entry)
+    assert fleet.kept == [("m", 60, 2)] and unpack(fleet.entries[b"k1"][0]) == entry
+    assert cache.get("m", b"k1") == entry
+    # Another replica's entry, with 10 s left in Redis: here for 10 s, not the TTL's 60.
+    fleet.entries[b"k2"] = (pack(entry), 10.0)
+    assert cache.get("m", b"k2") is None
+    assert await cache.recall("m", b"k2") == entry and cache.get("m", b"k2") == entry
+    clock.advance(9.9)
+    assert cache.get("m", b"k2") == entry
+    clock.advance(0.2)
+    assert cache.get("m", b"k2") is None and cache.get("m", b"k1") == entry
+    clock.advance(50)
+    assert cache.get("m", b"k1") is None and cache.size("m") == 0
+    fleet.entries[b"k3"] = (b"not an entry", 30.0)
+    assert await cache.recall("m", b"k3") is None and cache.get("m", b"k3") is None
+    assert await cache.recall("m", b"absent") is None
+
+
+async def test_without_the_fleet_nothing_is_asked(make_config: Callable[..., Any]) -> None:
+    cache = caching(make_config, None, FakeClock())
+    assert not cache.shared
+    cache.put("m", b"k", Entry(b"{}", "p/x", None, None))
+    assert await cache.recall("m", b"other") is None and cache.get("m", b"k") is not None

@@ -142,6 +142,10 @@ class Engine:
         """``deployment`` answered with the stored response ``response_id``."""
         self._homes[response_id] = deployment
 
+    def home(self, response_id: str) -> Deployment | None:
+        """The deployment remembered for ``response_id``, if any."""
+        return self._homes.get(response_id)
+
     def _continued(self, route: ModelRoute, call: Call, now: float) -> ModelRoute:
         """A call that continues a stored response (``previous_response_id``) can only be
         served where that response lives: there alone, while it is available."""

@@ -2,9 +2,10 @@
 
 The pure scheduler stays each replica's own; what must hold across replicas goes through a
 ``State``: provider slots as leases (``lease``/``release``), rpm/tpm buckets
-(``take_rate``/``settle_rate``), open breakers and 429 cuts. ``MemoryState`` (one
-process) has nothing to share: ``shared`` is False and the driver asks it nothing on the
-request path.
+(``take_rate``/``settle_rate``), open breakers and 429 cuts; and, through ``answers``, the
+response cache's entries and the Responses API's response homes. ``MemoryState`` (one
+process) has nothing to share: ``shared`` is False, ``answers`` None, and the driver asks
+it nothing on the request path.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
@@ -41,6 +42,23 @@ class Hooks(Protocol):
         """Deployments whose breaker a replica opened, with the seconds it stays open."""
 
 
+class Answers(Protocol):
+    """Cached answers and response homes shared by the replicas
+    (``proxy.state.answers.SharedAnswers``): a lookup that fails or is slow is a miss,
+    a write that fails is dropped; neither raises."""
+
+    on_error: Callable[[str], None]  # told the operation of every command that failed
+
+    async def recall(self, digest: bytes) -> tuple[bytes, float] | None: ...
+
+    def keep(self, model: str, digest: bytes, packed: bytes, ttl_s: float,
+             max_entries: int) -> None: ...
+
+    async def home(self, response_id: str) -> str | None: ...
+
+    def remember(self, response_id: str, deployment: str) -> None: ...
+
+
 class State(Protocol):
     shared: bool  # False: nothing to ask on the request path
     replica: str
@@ -56,6 +74,10 @@ class State(Protocol):
     @property
     def errors(self) -> int:
         """Redis operations that failed."""
+
+    @property
+    def answers(self) -> Answers | None:
+        """None: the response cache and the response homes are this process's own."""
 
     async def start(self, hooks: Hooks) -> None: ...
 
@@ -88,6 +110,7 @@ class MemoryState:
     """One process: its scheduler is the whole truth."""
 
     shared = False
+    answers: Answers | None = None
     mode = "local"
     alive = 1
     errors = 0

@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from ..config.state import StateSettings
 from ..core.errors import StateUnavailable
 from . import scripts
+from .answers import SharedAnswers
 from .base import Hooks, Lease, replica_id
 from .batcher import Batcher
 from .link import REDIS_ERRORS, Link
@@ -79,6 +80,7 @@ class RedisState:
         self.rebuilt: dict[str, int] = {}  # what the last rebuild wrote back (status)
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
+        self.answers = SharedAnswers(settings, lambda: self.mode == "shared")
 
     @property
     def mode(self) -> str:
@@ -127,6 +129,7 @@ class RedisState:
         for member, provider in unreleased.items():
             self._give_back(member, provider)
         sender = self._batcher.sender
+        await self.answers.close()
         await self._link.close(self._redis.zrem(self._p + "replicas", self.replica),
                                *([sender] if sender is not None else []))
 
@@ -374,4 +377,5 @@ class RedisState:
             "replica": self.replica, **self._link.status(),
             "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
             "waiting": len(self._waiting), "rebuilt": self.rebuilt,
+            "answers_errors": self.answers.errors,
         }

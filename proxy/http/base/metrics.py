@@ -161,6 +161,12 @@ class Metrics:
             "proxy_cache_entries", "Answers held in the response cache, by public model.",
             ["model"], registry=r,
         ))
+        self.cache_shared_errors = Family(ChildCounter(
+            "proxy_cache_shared_errors", "Redis commands of the shared response cache and "
+            "response homes that failed or were too slow (redis backend; each a miss or a "
+            "write dropped), by operation (lookup, store, home_lookup, home_store).",
+            ["operation"], registry=r,
+        ))
         self.budget_spent = Family(Gauge(
             "proxy_budget_spent_usd", "Spend of keys with a budget_usd in the current period.",
             ["key"], registry=r,

@@ -10,7 +10,13 @@ Identical calls arriving while one of them is on its way upstream wait for its a
 the upstream gave it (a streamed answer is assembled into
 one when it carries only text), at most ``MAX_ENTRY_BYTES``; a hit is served as JSON, or
 replayed as a valid SSE stream when the call asks to stream. Entries live in a
-``cachetools.TTLCache`` per model, on the service clock.
+``cachetools.TLRUCache`` per model, on the service clock, each until its own expiry.
+
+With the redis backend the fleet shares the entries (``proxy.state.answers``): an answer
+is also stored in Redis (``pack``: a short orjson head, then the answer's bytes), with the
+TTL as its Redis expiry; a call this replica has no entry for asks Redis once (``recall``)
+and keeps what it finds here until the Redis entry's own expiry, never longer. Identical
+calls still wait for one another per replica only.
 """
 
 from __future__ import annotations
@@ -21,17 +27,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from cachetools import TTLCache
+from cachetools import TLRUCache
 
 from ...core.clock import Clock
 from ...core.request import Call
 from ...core.route import CacheSettings, ModelRoute
 from ...core.value import value
+from ...state.base import Answers
 
 CACHED_KINDS = frozenset({"chat", "completions"})
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
                             "service_tier"})
 MAX_ENTRY_BYTES = 1 << 20
+PACKED = 1  # the format ``pack`` writes: a head of another one reads as a miss
 
 
 @value
@@ -66,13 +74,49 @@ def cache_key(key_name: str, call: Call) -> bytes:
     return hashlib.sha256(canonical).digest()
 
 
+def pack(entry: Entry) -> bytes:
+    """An entry as stored in Redis: its head as orjson (which never writes a raw newline),
+    a newline, then the answer's bytes as they are."""
+    head = [PACKED, entry.deployment, entry.prompt_tokens, entry.completion_tokens]
+    return orjson.dumps(head) + b"\n" + entry.answer
+
+
+def unpack(data: bytes) -> Entry | None:
+    """``pack``'s entry, or None for anything else."""
+    head, newline, answer = data.partition(b"\n")
+    try:
+        fields = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        return None
+    if not (newline and answer and isinstance(fields, list) and len(fields) == 4
+            and fields[0] == PACKED and isinstance(fields[1], str)):
+        return None
+    prompt, completion = fields[2], fields[3]
+    counts = [n if isinstance(n, int) and not isinstance(n, bool) else None
+              for n in (prompt, completion)]
+    return Entry(answer, fields[1], counts[0], counts[1])
+
+
+def _until(_key: bytes, kept: tuple[Entry, float], _now: float) -> float:
+    return kept[1]
+
+
+Local = TLRUCache[bytes, tuple[Entry, float]]  # cache key → (entry, when it expires)
+
+
 class ResponseCache:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, shared: Answers | None = None) -> None:
+        """``shared``: the fleet's entries (redis backend), behind this replica's own."""
         self._clock = clock
-        self._caches: dict[str, tuple[CacheSettings, TTLCache[bytes, Entry]]] = {}
+        self._shared = shared
+        self._caches: dict[str, tuple[CacheSettings, Local]] = {}
         # Misses on their way upstream, by cache key: identical calls wait for the answer instead
         # of going upstream too (one entry per call in flight, so bounded by them).
         self._flights: dict[bytes, asyncio.Event] = {}
+
+    @property
+    def shared(self) -> bool:
+        return self._shared is not None
 
     def flight(self, digest: bytes) -> asyncio.Event | None:
         """Set when the identical call fetching ``digest`` (its cache key) is done (None: none)."""
@@ -97,8 +141,8 @@ class ResponseCache:
                 continue
             found = self._caches.get(name)
             caches[name] = found if found is not None and found[0] == route.cache else (
-                route.cache, TTLCache(route.cache.max_entries, route.cache.ttl_s,
-                                      timer=self._clock.now))
+                route.cache, TLRUCache(route.cache.max_entries, _until,
+                                       timer=self._clock.now))
         self._caches = caches
 
     def applies(self, call: Call) -> bool:
@@ -106,12 +150,34 @@ class ResponseCache:
                 and deterministic(call.body))
 
     def get(self, model: str, digest: bytes) -> Entry | None:
-        return self._caches[model][1].get(digest)
+        """This replica's entry (no I/O)."""
+        kept = self._caches[model][1].get(digest)
+        return None if kept is None else kept[0]
+
+    async def recall(self, model: str, digest: bytes) -> Entry | None:
+        """The fleet's entry (one round trip to Redis; None without it, or when it fails),
+        kept here too until it expires there."""
+        if self._shared is None:
+            return None
+        asked = self._clock.now()  # Redis' seconds left count from after this
+        found = await self._shared.recall(digest)
+        cache = self._caches.get(model)
+        entry = None if found is None else unpack(found[0])
+        if found is None or entry is None or cache is None:
+            return None
+        settings, local = cache
+        local[digest] = (entry, asked + min(settings.ttl_s, found[1]))
+        return entry
 
     def put(self, model: str, digest: bytes, entry: Entry) -> None:
         found = self._caches.get(model)
-        if found is not None and len(entry.answer) <= MAX_ENTRY_BYTES:
-            found[1][digest] = entry
+        if found is None or len(entry.answer) > MAX_ENTRY_BYTES:
+            return
+        settings, local = found
+        local[digest] = (entry, self._clock.now() + settings.ttl_s)
+        if self._shared is not None:
+            self._shared.keep(model, digest, pack(entry), settings.ttl_s,
+                              settings.max_entries)
 
     def size(self, model: str) -> int:
         found = self._caches.get(model)

@@ -32,7 +32,7 @@ from ...core.classify import RequestFacts, upstream_service_tier
 from ...core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
 from ...core.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
 from ...core.plan import Plan
-from ...core.request import Call, Kind
+from ...core.request import Kind
 from ...core.retry import parse_retry_after
 from ...core.route import Deployment
 from ...core.scheduler import Rejection
@@ -42,8 +42,9 @@ from ..base.edge import Incoming, read_call, upstream_headers
 from ..base.keys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
+from .answers import cached, find_home, follow, recalled, remember
 from .auth import ON_BEHALF
-from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key, replay
+from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
 from .service import SERVICE, Service
@@ -78,6 +79,8 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             raise InvalidRequest("background: not allowed on a call the proxy makes itself.",
                                  param="background")
         return await request.app[BACKGROUND](request, principal.name, call)
+    if call.previous_response_id is not None and service.shared.answers is not None:
+        await find_home(service, call)
     facts = RequestFacts(
         headers=request.headers,
         model=call.model,
@@ -93,15 +96,20 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     if service.cache.applies(call):
         key = exchange.cache_key = cache_key(principal.name, call)
         record.cache = "miss"
-        hit = _cached(service, exchange, plan.tier_name) or await _follow(service, exchange)
+        hit = cached(service, exchange, plan.tier_name) or await follow(service, exchange)
         if hit is not None:
             return hit
-        service.metrics.cache_lookups.get(call.model, "miss").inc()
         if service.cache.flight(key) is None:
             flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:
+        if flight is not None and service.cache.shared:  # the fleet's, before the upstream
+            hit = await recalled(service, exchange)
+            if hit is not None:
+                return hit
+        if exchange.cache_key is not None:
+            service.metrics.cache_lookups.get(call.model, "miss").inc()
         _within_budget(service, principal.name)
         key_taken = service.shared.shared and await take_key(service, principal, plan)
         with lifecycle.call():
@@ -148,48 +156,6 @@ def _within_budget(service: Service, key: str) -> None:
             f"{budget.period}.", retry_after=wait_s)
 
 
-def _cached(service: Service, exchange: Exchange, tier_name: str,
-            waited_s: float | None = None) -> web.Response | None:
-    """The cached answer to the call, if there is one now: no slot, no upstream tokens, no
-    cost, no budget."""
-    call, request = exchange.plan.call, exchange.request
-    key = exchange.cache_key
-    entry = None if key is None else service.cache.get(call.model, key)
-    if entry is None:
-        return None
-    service.metrics.cache_lookups.get(call.model, "hit").inc()
-    record = request[RECORD]
-    record.cache = "hit"
-    record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
-    record.cost_usd = 0.0
-    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
-               "x-proxy-queue-ms": str(round(
-                   (exchange.attempts.queue_s if waited_s is None else waited_s) * 1000)),
-               "x-proxy-upstream": entry.deployment, "x-proxy-cache": "hit"}
-    if not call.stream:
-        return web.Response(body=entry.answer, headers=headers,
-                            content_type="application/json")
-    headers["cache-control"] = "no-cache"
-    return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
-                        headers=headers, content_type="text/event-stream")
-
-
-async def _follow(service: Service, exchange: Exchange) -> web.Response | None:
-    """An identical call is on its way upstream: wait for it (no slot held, at most until
-    this call's own deadline), then answer from the cache if it left an answer there."""
-    key, plan = exchange.cache_key, exchange.plan
-    flight = None if key is None else service.cache.flight(key)
-    if flight is None:
-        return None
-    started = service.clock.now()
-    try:
-        async with asyncio.timeout(max(plan.deadline - started, 0.0)):
-            await flight.wait()
-    except TimeoutError:
-        return None  # the queue refuses it in its turn
-    return _cached(service, exchange, plan.tier_name, service.clock.now() - started)
-
-
 def _tier(service: Service, exchange: Exchange) -> tuple[int, str]:
     """The call's tier now (index, name): a reload may have moved it since it arrived."""
     ticket = exchange.attempts.ticket
@@ -230,7 +196,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     service.metrics.key_wait.get(exchange.plan.caller).observe(waited)
                     # While it waited, an identical call may have filled the cache, or the
                     # key spent its budget: the slot then goes back unused.
-                    hit = _cached(service, exchange, tier_name)
+                    hit = cached(service, exchange, tier_name)
                     if hit is not None:
                         return hit
                     _within_budget(service, exchange.plan.caller)
@@ -342,7 +308,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
             exchange.answer = web.Response(body=data, status=status, headers=headers)
             prompt, completion, response_id = _answer_facts(data) if status == 200 else (
                 None, None, None)
-            _remember(service, call, response_id, deployment)
+            remember(service, call, response_id, deployment)
             if key is not None and status == 200:
                 service.cache.put(call.model, key, Entry(data, deployment.id, _count(prompt),
                                                          _count(completion)))
@@ -357,7 +323,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         exchange.answer, result = await relay(service, request, headers, deployment, response,
                                               chunks, first, strip_usage,
                                               keep_bytes=MAX_ENTRY_BYTES if key else 0)
-        _remember(service, call, result.response_id, deployment)
+        remember(service, call, result.response_id, deployment)
         whole = (assemble(call.kind, result.kept)
                  if result.kept and result.verdict is SUCCESS else None)
         if key is not None and whole is not None:
@@ -406,11 +372,3 @@ def _answer_facts(data: bytes) -> tuple[object, object, str | None]:
     prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
     response_id = answer.get("id") if answer.get("object") == "response" else None
     return prompt, completion, response_id if isinstance(response_id, str) else None
-
-
-def _remember(service: Service, call: Call, response_id: str | None,
-              deployment: Deployment) -> None:
-    """A Responses API answer: calls that continue it go where it lives."""
-    if call.kind == "responses" and response_id is not None:
-        service.engine.remember_response(response_id, deployment)
-

@@ -66,7 +66,12 @@ class Service:
         self.internal_token = internal_token or secrets.token_urlsafe(32)
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets = Budgets(budgets_of(config), config.timezone)
-        self.cache = ResponseCache(clock)
+        self.shared = shared or open_state(config.state)
+        answers = self.shared.answers
+        if answers is not None:
+            answers.on_error = lambda operation: self.metrics.cache_shared_errors.get(
+                operation).inc()
+        self.cache = ResponseCache(clock, answers)
         self.cache.configure(config.models)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
@@ -76,7 +81,6 @@ class Service:
         )
         self.scheduler = self.engine.scheduler
         self.admission = Admission(self.scheduler, clock)
-        self.shared = shared or open_state(config.state)
         self._configure_shared()
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
