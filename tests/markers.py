@@ -51,6 +51,8 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_node_sdk": (("e2e",), "the Node openai SDK against the real `serve`"),
     "test_langchain": (("e2e",), "langchain-openai against the real `serve`"),
     "test_llama_server": (("e2e",), "llama.cpp's servers and the real `serve` in subprocesses"),
+    "test_soak": (("e2e", "redis"), "scripts/soak.py: three `serve` replicas, a private "
+                                    "redis-server and fake providers, in subprocesses"),
 }
 
 
