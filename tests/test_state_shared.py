@@ -384,3 +384,45 @@ async def test_a_slow_redis_is_waited_for_in_shared_mode_and_never_stalls_the_lo
         await probing
         await relay.stop()
     assert worst < 0.1, worst
+
+
+async def test_a_waiter_withdrawn_before_its_ask_goes_out_queues_again_not_cancelled(
+        settings: StateSettings) -> None:
+    """``withdraw_below`` picks a call whose ask still waits in the batcher: its ``lease``
+    answers None (queue again here), it does not raise CancelledError into a call whose
+    client is still there (the soak saw those as 499s and closed connections)."""
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        other = asyncio.ensure_future(a.lease("p", 1, 2, 0, 5))
+        low = asyncio.ensure_future(a.lease("p", 1, 3, 0, 5))
+        await asyncio.sleep(0)  # both asked; the first batch is out, the second waits
+        assert a.withdraw_below("p", 0)
+        assert await asyncio.wait_for(low, 2) is None
+        a.release(held)
+        got = await asyncio.wait_for(other, 2)
+        assert got is not None
+        a.release(got)
+
+
+async def test_a_waiter_withdrawn_while_its_ask_is_granted_does_not_run_without_a_lease(
+        settings: StateSettings) -> None:
+    """The ask is in Redis (busy for 300 ms) when the call is withdrawn; Redis then grants
+    it the free slot. The call must not start: the withdrawal's release frees that slot,
+    and a call running on it would hold no lease (the soak saw a provider one call over its
+    limit with Redis holding no more leases than the limit)."""
+    async with replicas(settings, "a") as (a,):
+        slow = Redis.from_url(settings.url)
+        try:
+            busy = asyncio.ensure_future(slow.eval(BUSY_300_MS, 0))
+            await asyncio.sleep(0.05)
+            asking = asyncio.ensure_future(a.lease("p", 1, 3, 0, 5))
+            await asyncio.sleep(0.05)  # its batch is out, waiting behind the busy script
+            assert a.withdraw_below("p", 0)
+            await busy
+            assert await asyncio.wait_for(asking, 2) is None
+            await asyncio.sleep(0.1)
+            assert await a.client.zcard(settings.prefix + ":leases:p") == 0
+            assert not a._held
+        finally:
+            await slow.aclose()

@@ -47,8 +47,8 @@ class Batcher:
     def give_back(self, member: str, provider: str) -> None:
         """Release ``member``'s slot, or withdraw it from the waiters (idempotent)."""
         unsent = self._acquires.pop(member, None)
-        if unsent is not None:  # never sent: unasked
-            unsent[1].cancel()
+        if unsent is not None and not unsent[1].done():  # never sent: unasked, so it waits
+            unsent[1].set_result(0)
         self._releases.append((provider, member))
         self._send_soon()
 

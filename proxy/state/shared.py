@@ -169,9 +169,15 @@ class RedisState:
                 settled = True
                 self._check_reject()
                 return None
-            if granted:
+            if member not in self._waiting and member not in self._held:
+                # Withdrawn (``withdraw_below``, or Redis failed) while its ask was out: the
+                # release is on its way, and would free a slot granted meanwhile under a
+                # call still running. It queues again here.
+                settled = True
+                self._check_reject()
+                return None
+            if granted or member in self._held:
                 self._waiting.pop(member, None)
-                self._unreleased.pop(member, None)  # a failure meanwhile must not free it
                 self._held[member] = provider
                 settled = True
                 return Lease(member, provider)
