@@ -9,6 +9,7 @@ import asyncio
 import signal
 import threading
 
+import aiohttp
 import pytest
 
 from proxy.core.tokens import TokenCounter
@@ -87,6 +88,11 @@ async def test_a_paused_redis_does_not_stall_the_event_loop(
                     extra_headers={"X-Priority": "high"})
                 answered.append(raw.http_response.status_code)
                 await asyncio.sleep(0.05)
+            asked = loop.time()  # the status page answers, the store's figures left out
+            async with aiohttp.ClientSession() as session, session.get(
+                    proxy.server.make_url("/admin/status")) as resp:
+                work = (await resp.json())["work"]
+            assert loop.time() - asked < 1.0 and "did not answer" in work["error"], work
         finally:
             redis.process.send_signal(signal.SIGCONT)
         probe.stop()

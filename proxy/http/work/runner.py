@@ -45,6 +45,7 @@ RETENTION_EVERY_S = 3600.0
 HEAVY_AT_ONCE = 2
 LEAD_EVERY_S = 1.0  # the runner's lease is renewed, and new work looked for, this often
 LEASE_S = 5.0  # a runner that stopped renewing is replaced after this
+STATUS_WAIT_S = 0.25  # what /admin/status waits for the store's figures
 
 
 def new_id(prefix: str) -> str:
@@ -187,9 +188,12 @@ class Work:
             "bytes": self.stored_bytes, "max_bytes": storage.max_bytes,
             "running": sorted(self._tasks), "tier": batch_tier(self.config)}
         if self._store is not None:
-            try:
-                shown["bytes"] = await self.size_bytes()
-                shown.update(await self._store.summary())
+            try:  # a paused or slow store must not hold the status page up
+                async with asyncio.timeout(STATUS_WAIT_S):
+                    shown["bytes"] = await self.size_bytes()
+                    shown.update(await self._store.summary())
+            except TimeoutError:
+                shown["error"] = f"the store did not answer within {STATUS_WAIT_S} s"
             except self.errors as exc:
                 shown["error"] = f"{type(exc).__name__}: {exc}"[:200]
         return shown
