@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.core.tokens import TokenCounter
-from proxy.http.call.tracing import TRACING
+from proxy.http.call.service import SERVICE
+from proxy.http.call.tracing import Tracing
 from proxy.http.server.app import build_app
 
 from .conftest import config_from
@@ -51,8 +52,14 @@ def sdk(server: TestServer) -> openai.AsyncOpenAI:
                               max_retries=0)
 
 
+def tracer(server: TestServer) -> Tracing:
+    tracing = server.app[SERVICE].tracing
+    assert tracing is not None
+    return tracing
+
+
 def spans_of(server: TestServer, exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    server.app[TRACING].flush()
+    tracer(server).flush()
     return list(exporter.get_finished_spans())
 
 
@@ -138,7 +145,7 @@ async def test_spans_reach_an_otlp_http_receiver(aiohttp_server: Factory,
                          endpoint=str(collector.make_url("/")))
     await sdk(server).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}])
-    await asyncio.get_running_loop().run_in_executor(None, server.app[TRACING].flush)
+    await asyncio.get_running_loop().run_in_executor(None, tracer(server).flush)
     names = {span.name for message in received for resource in message.resource_spans
              for scope in resource.scope_spans for span in scope.spans}
     services = {attr.value.string_value for message in received

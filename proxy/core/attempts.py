@@ -182,8 +182,9 @@ class Attempts:
             self._started = now
             self.attempts += 1
             self._sent = True
-            self.service_tier = None if self.declined else deployment.service_tier(
-                self.engine.tier_names[min(ticket.tier, len(self.engine.tier_names) - 1)])
+            self.service_tier = None if self.declined or not deployment.service_tiers else (
+                deployment.service_tier(
+                    self.engine.tier_names[min(ticket.tier, len(self.engine.tier_names) - 1)]))
             return Send(deployment)
         self.engine.scheduler.give_back(ticket, now)
         if start is RATE_LIMITED:  # its provider is paused now; wait in place

@@ -172,7 +172,7 @@ def _count(value: object) -> int | None:
 async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamResponse:
     attempts = exchange.attempts
     command: Command = attempts.start(service.clock.now())
-    trace = exchange.request.get(TRACE)
+    trace = exchange.request[TRACE]
     while True:
         service.admission.settle()
         match command:
@@ -277,7 +277,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
     for name in FORWARDED_REQUEST_HEADERS:
         if name in request.headers:
             forwarded[name] = request.headers[name]
-    trace = request.get(TRACE)
+    trace = request[TRACE]
     if trace is not None:
         trace.attempt(deployment, provider.kind, forwarded)
     upstream_request = UpstreamRequest(

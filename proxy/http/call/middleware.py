@@ -18,7 +18,7 @@ from ..base.access import CallRecord
 from ..base.edge import Incoming, client_request_id
 from ..base.keys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from .service import SERVICE
-from .tracing import TRACE, TRACING
+from .tracing import TRACE
 
 log = logging.getLogger(__name__)
 _PROXIED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
@@ -85,10 +85,9 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
     record = request[RECORD] = CallRecord(service.clock.wall())
     started = service.clock.now()
     status = 500
-    tracing = request.app.get(TRACING)
-    trace = None if tracing is None else tracing.begin(request.path, request.headers)
-    if trace is not None:
-        request[TRACE] = trace
+    tracing = service.tracing
+    trace = request[TRACE] = None if tracing is None else tracing.begin(request.path,
+                                                                        request.headers)
     try:
         response = await handler(request)
         status = response.status

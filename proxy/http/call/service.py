@@ -28,6 +28,7 @@ from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
 from .cache import ResponseCache
+from .tracing import Tracing
 
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
@@ -59,6 +60,7 @@ class Service:
         self._make_upstream = make_upstream
         self._retiring: set[asyncio.Task[None]] = set()  # replaced upstreams, closing
         self.metrics = metrics or Metrics()
+        self.tracing: Tracing | None = None  # set by the app when ``telemetry:`` asks
         self.live = LiveStats()
         self.loaded_at = clock.wall()
         self.last_error: str | None = None

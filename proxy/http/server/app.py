@@ -20,7 +20,7 @@ from ..base.keys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus
 from ..call import forward
 from ..call.middleware import REQUEST_IDS, RequestIds, errors_middleware
 from ..call.service import SERVICE, Service
-from ..call.tracing import TRACING, Tracing
+from ..call.tracing import Tracing
 from ..ops import admin
 from ..ops.reload import RELOADER, Reloader
 from ..upstream.simulated import SimulatedUpstream
@@ -75,8 +75,6 @@ def build_app(
     app[RELOADER] = Reloader(config_path)
     app[LANE] = LaneStatus()
     app[BACKGROUND] = batches.create_background
-    if config.telemetry.otlp_endpoint is not None:
-        app[TRACING] = Tracing(config.telemetry, span_exporter)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         upstreams: Mapping[str, Upstream] = {
@@ -86,6 +84,8 @@ def build_app(
                           counter or TokenCounter.load(), make_upstream=upstream_factory,
                           internal_token=internal_token)
         app[SERVICE] = service
+        if config.telemetry.otlp_endpoint is not None:
+            service.tracing = Tracing(config.telemetry, span_exporter)
         app[WORK] = Work(config, service.clock, service.internal_token, service.metrics,
                          owner_of=lambda headers: service.auth.authenticate(headers).name,
                          serves=lambda model: model in service.config.models)
@@ -95,8 +95,8 @@ def build_app(
         app[LIFECYCLE].draining = True
         await app[WORK].close()
         await service.close()
-        if TRACING in app:  # what is still buffered goes out (bounded by its timeout)
-            app[TRACING].close()
+        if service.tracing is not None:  # what is still buffered goes out (bounded)
+            service.tracing.close()
 
     async def drain(app: web.Application) -> None:
         # Runs once the listener has stopped and before aiohttp itself waits for handlers:
