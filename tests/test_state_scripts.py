@@ -36,7 +36,7 @@ class Lua:
         args: list[Any] = [
             self.p, ttl, orjson.dumps([(provider, member, limit) for member, limit in releases]),
             orjson.dumps([(provider, *acquire) for acquire in acquires])]
-        return [int(flag) for flag in self._batch(args=args)]
+        return [int(flag) for flag in self._batch(args=args) or ""]
 
     def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
                 ttl: int = TTL, key: str = "", weight: float = 1.0, claim_ms: int = 0) -> int:

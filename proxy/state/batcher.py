@@ -75,6 +75,6 @@ class Batcher:
                         future.set_exception(exc)
                 self._on_error(exc, releases)
                 continue
-            for (_, future), flag in zip(acquires, flags, strict=True):
+            for (_, future), flag in zip(acquires, flags or "", strict=True):
                 if not future.done():
-                    future.set_result(int(flag))
+                    future.set_result(1 if flag == "1" else 0)

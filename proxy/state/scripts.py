@@ -80,8 +80,9 @@ end
 # ttl_ms, releases, acquires: each a JSON list (one argument each, so a batch of a hundred
 # costs the client one string to send, not eight hundred), a release [provider, member,
 # limit], an acquire [provider, member, limit, rank, waited_ms, key, weight, claim_ms].
-# Answers one flag per acquire: 1 granted, 0 waiting (its replica is woken through its wake
-# list when a slot is handed to it). Releasing twice, or a member never seen, is harmless;
+# Answers one flag per acquire, as one string ("101"; one line for the client to read):
+# 1 granted, 0 waiting (its replica is woken through its wake list when a slot is handed
+# to it). Releasing twice, or a member never seen, is harmless;
 # releasing a waiter withdraws it. Releases go first, so a slot given back in the same batch
 # is handed to the best waiter, not the batch's next.
 BATCH = _NOW + _REBUILD + _SWEEP + """
@@ -146,7 +147,7 @@ for _, ask in ipairs(cjson.decode(ARGV[4])) do
   end
   granted[#granted + 1] = flag
 end
-return granted
+return table.concat(granted)
 """
 
 # One replica's heartbeat and safety sweep. ARGV: prefix, replica, ttl_ms, recreate (1:
