@@ -106,7 +106,8 @@ class ResponseCache:
                 and deterministic(call.body))
 
     def get(self, model: str, digest: bytes) -> Entry | None:
-        return self._caches[model][1].get(digest)
+        found = self._caches.get(model)  # a model with only a semantic cache has none
+        return None if found is None else found[1].get(digest)
 
     def put(self, model: str, digest: bytes, entry: Entry) -> None:
         found = self._caches.get(model)

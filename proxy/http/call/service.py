@@ -28,6 +28,7 @@ from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
 from .cache import ResponseCache
+from .semantic import SemanticCache
 
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
@@ -68,6 +69,8 @@ class Service:
         self.budgets = Budgets(budgets_of(config), config.timezone)
         self.cache = ResponseCache(clock)
         self.cache.configure(config.models)
+        self.semantic = SemanticCache(clock, self.metrics, self.internal_token)
+        self.semantic.configure(config.models)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
             models=config.models, principals=[k.principal for k in config.keys],
@@ -118,6 +121,7 @@ class Service:
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
                        metrics.budget_spent, metrics.budget_limit, metrics.cache_entries,
+                       metrics.semantic_entries,
                        metrics.breaker_state):
             family.clear()
         metrics.replicas.set_function(lambda: self.shared.alive)
@@ -134,6 +138,9 @@ class Service:
             if route.cache is not None:
                 metrics.cache_entries.get(name).set_function(
                     functools.partial(self.cache.size, name))
+            if route.semantic_cache is not None:
+                metrics.semantic_entries.get(name).set_function(
+                    functools.partial(self.semantic.size, name))
         for key, budget in self.budgets.budgets.items():
             metrics.budget_limit.get(key).set(budget.amount_usd)
             metrics.budget_spent.get(key).set_function(functools.partial(self._spent, key))
@@ -202,6 +209,7 @@ class Service:
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
+        self.semantic.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._configure_shared()
         if self.shared.mode == "local" and self.shared.shared:
@@ -289,6 +297,7 @@ class Service:
             self._schedule_timer.cancel()
         self.admission.close()
         await self.shared.close()
+        await self.semantic.close()
         for upstream in self.upstreams.values():
             await upstream.close()
         await asyncio.gather(*self._retiring)
