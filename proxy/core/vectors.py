@@ -92,9 +92,10 @@ class VectorStore(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def nearest(self, scope: bytes, vector: list[float] | np.ndarray,
-                now: float) -> tuple[float, T] | None:
-        """(similarity, payload) of the entry of ``scope`` closest to ``vector``, if any."""
+    def nearest(self, scope: bytes, vector: list[float] | np.ndarray, now: float,
+                threshold: float = 1.0) -> tuple[float, T] | None:
+        """(similarity, payload) of the entry of ``scope`` closest to ``vector``, if any;
+        it counts as used (for the LRU order) if it is at least ``threshold`` similar."""
         self.expire(now)
         found = self._scopes.get(scope)
         unit = self._unit(vector)
@@ -104,7 +105,8 @@ class VectorStore(Generic[T]):
         if match is None:
             return None
         entry, similarity = match
-        self._entries.move_to_end(entry)
+        if similarity >= threshold:
+            self._entries.move_to_end(entry)
         return min(similarity, 1.0), self._entries[entry].payload
 
     def add(self, scope: bytes, vector: list[float] | np.ndarray, payload: T,

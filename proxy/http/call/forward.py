@@ -93,20 +93,21 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     flight: asyncio.Event | None = None
     if service.cache.applies(call):
-        key = exchange.cache_key = cache_key(principal.name, call)
+        exchange.cache_key = cache_key(principal.name, call)
         record.cache = "miss"
         hit = _cached(service, exchange, plan.tier_name) or await _follow(service, exchange)
         if hit is not None:
             return hit
         service.metrics.cache_lookups.get(call.model, "miss").inc()
-        if service.cache.flight(key) is None:
-            flight = service.cache.take_off(key)
-    if service.semantic.applies(call, request.headers):
+    if service.semantic.applies(call, request.headers):  # a hit lands no flight: before it
         found = await service.semantic.look_up(request, plan)
         if isinstance(found, web.Response):
             return found
         if found is not None:  # a miss: its answer is kept whole (in _send)
             exchange.semantic, exchange.cache_key = found, exchange.cache_key or found.digest
+    key = exchange.cache_key
+    if key is not None and service.cache.applies(call) and service.cache.flight(key) is None:
+        flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:

@@ -108,7 +108,7 @@ class SemanticCache:
         if vector is None:
             metrics.semantic_lookups.get(call.model, "error").inc()
             return None
-        found = store.nearest(asked.scope, vector, self._clock.now())
+        found = store.nearest(asked.scope, vector, self._clock.now(), settings.threshold)
         metrics.semantic_seconds.get(call.model).observe(self._clock.now() - started)
         if found is not None:
             metrics.semantic_nearest.get(call.model, band(found[0])).inc()
