@@ -36,6 +36,8 @@ from .cache import Entry, cache_key, replay
 
 if TYPE_CHECKING:
     from ...core.vectors import VectorStore
+    from ...state.answers import Shared, SharedAnswers
+    from ...state.base import State
 
 EMBEDDING_TIMEOUT_S = 10.0  # at most this long (or until the call's deadline) for the vector
 MAX_EMBEDDING_BYTES = 1 << 20
@@ -57,6 +59,7 @@ class SemanticCache:
         self._clock, self._metrics, self._token = clock, metrics, token
         self._stores: dict[str, tuple[SemanticSettings, VectorStore[Entry]]] = {}
         self._loopback: HttpUpstream | None = None
+        self._shared: SharedAnswers | None = None  # the redis backend: entries shared
 
     def configure(self, models: Mapping[str, ModelRoute]) -> None:
         """The models' settings as configured now: a store whose settings did not change
@@ -73,6 +76,31 @@ class SemanticCache:
             from ...core.vectors import VectorStore  # the semantic extra, only when used
             stores[name] = (settings, VectorStore(settings.max_entries, settings.ttl_s))
         self._stores = stores
+        self._share_models()
+
+    def share(self, state: State) -> None:
+        """With the redis backend, the entries are shared with the other replicas."""
+        if not state.shared or self._shared is not None:
+            return
+        from ...state.answers import SharedAnswers
+        from ...state.shared import RedisState
+        if isinstance(state, RedisState):
+            self._shared = SharedAnswers(state, self._received)
+            self._share_models()
+
+    def _share_models(self) -> None:
+        if self._shared is not None:
+            from ...state.answers import Bounds
+            self._shared.configure({name: Bounds(s.max_entries, s.ttl_s)
+                                    for name, (s, _) in self._stores.items()})
+
+    def _received(self, model: str, shared: Shared) -> None:
+        """An answer another replica kept."""
+        found = self._stores.get(model)
+        if found is not None and shared.age_s < found[0].ttl_s:
+            entry = Entry(shared.answer, shared.deployment, shared.prompt_tokens,
+                          shared.completion_tokens)
+            found[1].add(shared.scope, shared.vector, entry, self._clock.now() - shared.age_s)
 
     def listening(self, base_url: str) -> None:
         """Where this proxy listens: the embeddings are asked for there."""
@@ -127,6 +155,10 @@ class SemanticCache:
         found = self._stores.get(pending.model)
         if found is not None:
             found[1].add(pending.scope, pending.vector, entry, self._clock.now())
+            if self._shared is not None:
+                self._shared.add(pending.model, pending.scope, pending.vector, entry.answer,
+                                 entry.deployment, entry.prompt_tokens,
+                                 entry.completion_tokens)
 
     async def _embedding(self, model: str, text: str, key_name: str, tier_name: str,
                          limit_s: float) -> list[float] | None:
@@ -150,6 +182,8 @@ class SemanticCache:
         return _vector(data) if status == 200 else None
 
     async def close(self) -> None:
+        if self._shared is not None:
+            await self._shared.close()
         if self._loopback is not None:
             await self._loopback.close()
 

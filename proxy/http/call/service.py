@@ -89,6 +89,7 @@ class Service:
         """Reach the shared state (a replica that cannot starts in its ``on_error`` mode)."""
         self.on_mode(self.shared.mode, 1)
         await self.shared.start(self)
+        self.semantic.share(self.shared)
 
     def _configure_shared(self) -> None:
         self.shared.configure(
