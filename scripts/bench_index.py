@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DIM = 1536
 
@@ -55,6 +59,19 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
         return (lambda i, v: f.add_with_ids(v.reshape(1, -1), np.array([i], dtype=np.int64)),
                 lambda ids, vs: f.add_with_ids(vs, ids.astype(np.int64)),
                 lambda v: int(f.search(v.reshape(1, -1), 1)[1][0][0]))
+    if lib == "store":  # the proxy's own: proxy.core.vectors over usearch f16, one scope
+        from proxy.core.vectors import VectorStore
+        store: Any = VectorStore(max_entries=n, ttl_s=3600)
+
+        def add_all(ids: np.ndarray, vs: np.ndarray) -> None:
+            for v in vs:
+                store.add(b"scope", v, None, 0.0)
+
+        def nearest_id(v: np.ndarray) -> int:
+            found = store._scopes[b"scope"].nearest(v)
+            return -1 if found is None else int(found[0])
+
+        return lambda i, v: store.add(b"scope", v, None, 0.0), add_all, nearest_id
     if lib == "numpy":  # exact: a matrix and a product
         rows = np.empty((n, DIM), dtype=np.float16 if dtype == "f16" else np.float32)
         count = [0]
@@ -73,7 +90,7 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("lib", choices=("usearch", "hnswlib", "faiss", "numpy"))
+    parser.add_argument("lib", choices=("usearch", "hnswlib", "faiss", "numpy", "store"))
     parser.add_argument("n", type=int)
     parser.add_argument("--dtype", default="f32", help="usearch: f32, f16, i8; numpy: f16")
     parser.add_argument("--single", type=int, default=1000)
