@@ -25,6 +25,7 @@ from proxy.http.server.app import build_app
 
 from .conftest import config_from
 from .fakes import FakeUpstream
+from .redis_server import free_port
 from .semantic_fake import EmbeddingFake, embed
 
 Factory = Callable[..., Awaitable[Any]]
@@ -327,3 +328,37 @@ async def test_beside_the_response_cache(
     assert [await ask(t) for t in (ASK, ASK, PARAPHRASE, PARAPHRASE)] == [
         "miss", "hit", "semantic", "semantic"]
     assert len(fake.seen) == 1 and embeddings.calls == 3
+
+
+async def test_a_lower_threshold_answers_the_near_question(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake, embeddings = FakeUpstream(), EmbeddingFake()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake, embeddings,
+                         threshold=0.8)
+    api = sdk(client)
+    await api.chat.completions.create(model="m", messages=user(ASK), temperature=0)
+    raw = await api.chat.completions.with_raw_response.create(
+        model="m", messages=user(NEAR), temperature=0)
+    assert raw.headers["x-proxy-cache"] == "semantic" and len(fake.seen) == 1
+    assert 0.8 <= float(raw.headers["x-proxy-cache-similarity"]) < 0.85
+
+
+async def test_an_unreachable_embedding_model_is_a_plain_miss(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake = FakeUpstream()
+    chat = await aiohttp_server(fake.app())
+    config = config_from(
+        [{"name": "p", "base_url": str(chat.make_url("/v1")), "api_key": "sk"},
+         {"name": "e", "base_url": f"http://127.0.0.1:{free_port()}/v1", "api_key": "sk"}],
+        {"m": {"candidates": [{"provider": "p", "model": "up"}],
+               "semantic_cache": {"embedding_model": "emb"}},
+         "emb": [{"provider": "e", "model": "bow"}]})
+    client: Client = await aiohttp_client(build_app(config, counter=counter))
+    client.app[SERVICE].semantic.listening(str(client.make_url("/")))
+    started = asyncio.get_running_loop().time()
+    for _ in range(3):
+        answer = await sdk(client).chat.completions.create(
+            model="m", messages=user(ASK), temperature=0)
+        assert answer.choices[0].message.content == "Hello there!"
+    assert len(fake.seen) == 3 and asyncio.get_running_loop().time() - started < 8
+    assert metric(client, 'proxy_semantic_cache_lookups_total{model="m",result="error"} 3.0')
