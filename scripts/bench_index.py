@@ -33,14 +33,15 @@ def rss_mb() -> float:
     return 0.0
 
 
-def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
-    """(add one, add many, nearest) for ``lib``."""
+def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any, Any]:
+    """(add one, add many, nearest, set the search's expansion) for ``lib``."""
     if lib == "usearch":
         from usearch.index import Index
         index = Index(ndim=DIM, metric="cos", dtype=dtype, connectivity=16,
                       expansion_add=128, expansion_search=64)
         return (lambda i, v: index.add(i, v), lambda ids, vs: index.add(ids, vs),
-                lambda v: int(index.search(v, 1).keys[0]))
+                lambda v: int(index.search(v, 1).keys[0]),
+                lambda ef: setattr(index, "expansion_search", ef))
     if lib == "hnswlib":
         import hnswlib
         h = hnswlib.Index(space="ip", dim=DIM)
@@ -48,7 +49,7 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
         h.set_ef(64)
         return (lambda i, v: h.add_items(v.reshape(1, -1), [i]),
                 lambda ids, vs: h.add_items(vs, ids),
-                lambda v: int(h.knn_query(v, k=1)[0][0][0]))
+                lambda v: int(h.knn_query(v, k=1)[0][0][0]), h.set_ef)
     if lib == "faiss":
         import faiss
         faiss.omp_set_num_threads(1)
@@ -58,7 +59,8 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
         f = faiss.IndexIDMap2(hnsw)
         return (lambda i, v: f.add_with_ids(v.reshape(1, -1), np.array([i], dtype=np.int64)),
                 lambda ids, vs: f.add_with_ids(vs, ids.astype(np.int64)),
-                lambda v: int(f.search(v.reshape(1, -1), 1)[1][0][0]))
+                lambda v: int(f.search(v.reshape(1, -1), 1)[1][0][0]),
+                lambda ef: setattr(hnsw.hnsw, "efSearch", ef))
     if lib == "store":  # the proxy's own: proxy.core.vectors over usearch f16, one scope
         from proxy.core.vectors import VectorStore
         store: Any = VectorStore(max_entries=n, ttl_s=3600)
@@ -71,7 +73,12 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
             found = store._scopes[b"scope"].nearest(v)
             return -1 if found is None else int(found[0])
 
-        return lambda i, v: store.add(b"scope", v, None, 0.0), add_all, nearest_id
+        def tune(ef: int) -> None:
+            index = store._scopes[b"scope"].index
+            if index is not None:
+                index.expansion_search = ef
+
+        return lambda i, v: store.add(b"scope", v, None, 0.0), add_all, nearest_id, tune
     if lib == "numpy":  # exact: a matrix and a product
         rows = np.empty((n, DIM), dtype=np.float16 if dtype == "f16" else np.float32)
         count = [0]
@@ -84,7 +91,8 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any]:
             rows[ids] = vs
             count[0] = max(count[0], int(ids.max()) + 1)
 
-        return add, add_many, lambda v: int(np.argmax(rows[:count[0]] @ v.astype(rows.dtype)))
+        return (add, add_many, lambda v: int(np.argmax(rows[:count[0]] @ v.astype(rows.dtype))),
+                lambda ef: None)
     raise SystemExit(f"unknown library {lib}")
 
 
@@ -105,7 +113,7 @@ def main() -> None:
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     gc.collect()
     base = rss_mb()
-    add, add_many, nearest = build(args.lib, args.n, args.dtype)
+    add, add_many, nearest, tune = build(args.lib, args.n, args.dtype)
     bulk = args.n - args.single
     started = time.perf_counter()
     add_many(np.arange(bulk, dtype=np.uint64), data[:bulk])
@@ -115,14 +123,17 @@ def main() -> None:
         add(i, data[i])
     insert_us = (time.perf_counter() - started) / args.single * 1e6
     memory = rss_mb() - base
-    started = time.perf_counter()
-    found = [nearest(q) for q in queries]
-    query_us = (time.perf_counter() - started) / len(queries) * 1e6
-    recall = float(np.mean(np.array(found) == targets))
+    queried = []
+    for ef in (64, 128):
+        tune(ef)
+        started = time.perf_counter()
+        found = [nearest(q) for q in queries]
+        query_us = (time.perf_counter() - started) / len(queries) * 1e6
+        recall = float(np.mean(np.array(found) == targets))
+        queried.append(f"ef {ef}: query {query_us:.0f} us, recall@1 {recall:.3f}")
     print(f"{args.lib} {args.dtype} n={args.n}: insert {insert_us:.0f} us/entry "
-          f"(bulk {bulk_s:.1f} s), query {query_us:.0f} us, recall@1 {recall:.3f}, "
-          f"memory {memory:.0f} MB (the f32 vectors alone: {args.n * DIM * 4 / 2**20:.0f} MB)",
-          flush=True)
+          f"(bulk {bulk_s:.1f} s), {'; '.join(queried)}; memory {memory:.0f} MB "
+          f"(the f32 vectors alone: {args.n * DIM * 4 / 2**20:.0f} MB)", flush=True)
 
 
 if __name__ == "__main__":

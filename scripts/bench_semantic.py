@@ -11,15 +11,19 @@ threshold: each question of ``SET`` is asked once (a miss that fills the cache),
 paraphrases (a hit is a paraphrase answered from the cache) and the unrelated questions
 (a hit there is a wrong answer). Then ``--calls`` distinct questions, one at a time, to the
 model with the cache and to the same model without: the difference is what a miss adds
-(the embedding through the proxy's own queue, and the search)."""
+(the embedding through the proxy's own queue, and the search). With ``--redis URL``, also
+the lag of the entries shared through Redis: 200 adds on one replica, the time until the
+other has each."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.config import parse_config  # noqa: E402
+from proxy.config.state import StateSettings  # noqa: E402
 from proxy.http.call.service import SERVICE  # noqa: E402
 from proxy.http.server.app import build_app  # noqa: E402
 from tests.fakes import FakeUpstream  # noqa: E402
@@ -155,7 +160,41 @@ async def main(calls: int) -> None:
     await embed_runner.cleanup()
 
 
+async def lag(url: str, adds: int = 200) -> None:
+    from proxy.state.answers import Bounds, SharedAnswers
+    from proxy.state.shared import RedisState
+    settings = StateSettings(backend="redis", url=url, prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    one, two = RedisState(settings, "one"), RedisState(settings, "two")
+    seen: dict[bytes, float] = {}
+    sender = SharedAnswers(one, lambda model, shared: None)
+    tailer = SharedAnswers(two, lambda model, shared: seen.setdefault(
+        shared.answer, time.perf_counter()))
+    for shared in (sender, tailer):
+        shared.configure({"m": Bounds(1000, 60)})
+    await asyncio.sleep(0.3)
+    sent = {}
+    for i in range(adds):
+        answer = f'{{"i":{i}}}'.encode()
+        sent[answer] = time.perf_counter()
+        sender.add("m", b"s" * 32, [random.random() for _ in range(1536)], answer, "p/up", 1, 1)
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)
+    lags = [(seen[a] - sent[a]) * 1000 for a in sent if a in seen]
+    cuts = statistics.quantiles(lags, n=100)
+    print(f"shared through Redis: {len(lags)}/{adds} seen by the other replica, "
+          f"p50 {cuts[49]:.2f} ms, p99 {cuts[98]:.2f} ms after the add")
+    await sender.close()
+    await tailer.close()
+    await one.client.delete(settings.prefix + ":semantic:m")
+    await one.client.aclose()
+    await two.client.aclose()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200)
-    asyncio.run(main(parser.parse_args().calls))
+    parser.add_argument("--redis", help="e.g. redis://127.0.0.1:6379/0")
+    args = parser.parse_args()
+    asyncio.run(main(args.calls))
+    if args.redis:
+        asyncio.run(lag(args.redis))
