@@ -43,7 +43,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_scaleout": (("e2e", "redis"), "replicas of `serve` sharing one Redis"),
     "test_state_shared": (("e2e", "redis"), "the redis state backend, on a real Redis"),
     "test_semantic_shared": (("e2e", "redis"), "the semantic cache's entries shared through "
-                             "a real Redis (and one the test stops)"),
+                             "a real Redis (and one the test stops); the real `serve`"),
     "test_state_scripts": (("e2e", "redis"), "the Lua scripts, run by a real Redis"),
     "test_egress": (("e2e",), "a CONNECT proxy and TLS providers of the test's own"),
     "test_lane_smoke": (("e2e",), "the real `serve` in a subprocess"),

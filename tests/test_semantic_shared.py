@@ -1,11 +1,13 @@
 """The semantic cache with the redis backend: an answer kept on one replica answers a
 paraphrase on another, a replica that starts later reads the live entries, Redis holds at
-most ``max_entries`` per model, and Redis gone leaves each replica its own cache."""
+most ``max_entries`` per model, and Redis gone leaves each replica its own cache. And the
+real ``serve`` in a subprocess, which tells the cache where it listens."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -21,6 +23,7 @@ from .conftest import config_from
 from .fakes import FakeUpstream
 from .redis_server import URL, PrivateRedis, prefixed
 from .semantic_fake import EmbeddingFake
+from .serving import serving
 from .test_semantic import ASK, OTHER, PARAPHRASE, user
 
 Factory = Callable[..., Awaitable[Any]]
@@ -115,3 +118,27 @@ async def test_without_redis_each_replica_keeps_its_own(
         await holds(two, 2)  # the tail came back; what was kept since is shared
     finally:
         server.stop()
+
+
+async def test_the_real_serve_answers_a_paraphrase_from_the_cache(
+        tmp_path: Path, upstreams: tuple[FakeUpstream, str, str]) -> None:
+    fake, chat, embedder = upstreams
+    config = tmp_path / "routing.yaml"
+    config.write_text(f"""
+providers:
+  - {{name: p, base_url: "{chat}", api_key: sk}}
+  - {{name: e, base_url: "{embedder}", api_key: sk}}
+models:
+  m:
+    semantic_cache: {{embedding_model: emb}}
+    candidates: [{{provider: p, model: up}}]
+  emb: [{{provider: e, model: bow}}]
+""")
+    async with serving(config) as (base, _):
+        api = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        outcomes = []
+        for text in (ASK, PARAPHRASE):
+            raw = await api.chat.completions.with_raw_response.create(
+                model="m", messages=user(text), temperature=0)
+            outcomes.append(raw.headers["x-proxy-cache"])
+    assert outcomes == ["miss", "semantic"] and len(fake.seen) == 1
