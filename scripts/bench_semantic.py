@@ -161,13 +161,13 @@ async def main(calls: int) -> None:
 
 
 async def lag(url: str, adds: int = 200) -> None:
-    from proxy.state.answers import Bounds, SharedAnswers
+    from proxy.state.semantic import Bounds, SharedSemantic
     from proxy.state.shared import RedisState
     settings = StateSettings(backend="redis", url=url, prefix=f"bench-{uuid.uuid4().hex[:8]}")
     one, two = RedisState(settings, "one"), RedisState(settings, "two")
     seen: dict[bytes, float] = {}
-    sender = SharedAnswers(one, lambda model, shared: None)
-    tailer = SharedAnswers(two, lambda model, shared: seen.setdefault(
+    sender = SharedSemantic(one, lambda model, shared: None)
+    tailer = SharedSemantic(two, lambda model, shared: seen.setdefault(
         shared.answer, time.perf_counter()))
     for shared in (sender, tailer):
         shared.configure({"m": Bounds(1000, 60)})

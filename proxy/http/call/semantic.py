@@ -36,8 +36,8 @@ from .cache import Entry, cache_key, replay
 
 if TYPE_CHECKING:
     from ...core.vectors import VectorStore
-    from ...state.answers import Shared, SharedAnswers
     from ...state.base import State
+    from ...state.semantic import Shared, SharedSemantic
 
 EMBEDDING_TIMEOUT_S = 10.0  # at most this long (or until the call's deadline) for the vector
 MAX_EMBEDDING_BYTES = 1 << 20
@@ -59,7 +59,7 @@ class SemanticCache:
         self._clock, self._metrics, self._token = clock, metrics, token
         self._stores: dict[str, tuple[SemanticSettings, VectorStore[Entry]]] = {}
         self._loopback: HttpUpstream | None = None
-        self._shared: SharedAnswers | None = None  # the redis backend: entries shared
+        self._shared: SharedSemantic | None = None  # the redis backend: entries shared
 
     def configure(self, models: Mapping[str, ModelRoute]) -> None:
         """The models' settings as configured now: a store whose settings did not change
@@ -82,15 +82,15 @@ class SemanticCache:
         """With the redis backend, the entries are shared with the other replicas."""
         if not state.shared or self._shared is not None:
             return
-        from ...state.answers import SharedAnswers
+        from ...state.semantic import SharedSemantic
         from ...state.shared import RedisState
         if isinstance(state, RedisState):
-            self._shared = SharedAnswers(state, self._received)
+            self._shared = SharedSemantic(state, self._received)
             self._share_models()
 
     def _share_models(self) -> None:
         if self._shared is not None:
-            from ...state.answers import Bounds
+            from ...state.semantic import Bounds
             self._shared.configure({name: Bounds(s.max_entries, s.ttl_s)
                                     for name, (s, _) in self._stores.items()})
 

@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from .link import COMMAND_TIMEOUT_S, REDIS_ERRORS
 from .shared import RedisState
 
-log = logging.getLogger("proxy.state.answers")
+log = logging.getLogger("proxy.state.semantic")
 
 BLOCK_MS = 1000
 RETRY_S = 1.0
@@ -74,7 +74,7 @@ class Bounds:
 Received = Callable[[str, Shared], None]
 
 
-class SharedAnswers:
+class SharedSemantic:
     def __init__(self, state: RedisState, received: Received) -> None:
         self._client = state.client
         self._prefix = state.prefix + "semantic:"
