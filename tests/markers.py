@@ -42,6 +42,8 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_serve": (("e2e",), "the real `serve` in a subprocess"),
     "test_scaleout": (("e2e", "redis"), "replicas of `serve` sharing one Redis"),
     "test_state_shared": (("e2e", "redis"), "the redis state backend, on a real Redis"),
+    "test_semantic_shared": (("e2e", "redis"), "the semantic cache's entries shared through "
+                             "a real Redis (and one the test stops); the real `serve`"),
     "test_state_scripts": (("e2e", "redis"), "the Lua scripts, run by a real Redis"),
     "test_shared_answers": (("e2e", "redis"), "replicas of `serve` sharing cached answers "
                             "and response homes through one Redis"),

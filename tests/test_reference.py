@@ -60,7 +60,7 @@ from proxy.core.classify import Principal
 from proxy.core.estimate import EstimateSettings
 from proxy.core.provider import Provider, SimSettings, Timeouts
 from proxy.core.retry import RetrySettings
-from proxy.core.route import CacheSettings, Degradation, Deployment
+from proxy.core.route import CacheSettings, Degradation, Deployment, SemanticSettings
 from proxy.core.scheduler import SchedulerSettings, TierSpec
 from proxy.core.schedules import Schedule
 
@@ -122,6 +122,8 @@ FULL: dict[str, Any] = {
             "degrade": {"tiers": ["low"], "max_wait_s": 5, "allow": ["sim/small"],
                         "shed_wait_s": 60},
             "cache": {"ttl_s": 60, "max_entries": 10},
+            "semantic_cache": {"embedding_model": "chain", "threshold": 0.9, "ttl_s": 60,
+                               "max_entries": 10},
             "candidates": [
                 {"provider": "openai", "model": "gpt", "input_cost": 1, "output_cost": 2,
                  "quality": 0.9, "weight": 2, "max_output_tokens": 100,
@@ -164,6 +166,7 @@ SPARSE: dict[str, Any] = {
         {"name": "sim", "kind": "simulated"},
     ],
     "models": {"chat": {"degrade": {"max_wait_s": 5}, "cache": {},
+                        "semantic_cache": {"embedding_model": "chat"},
                         "candidates": [{"provider": "sim", "model": "small"},
                                        {"provider": "openai", "model": "x",
                                         "costs": {"flex": {"input": 1, "output": 1}}}]}},
@@ -209,6 +212,7 @@ SECTION_TYPES: dict[str, type] = {
     "models.<name>.candidates[]": Deployment,
     "models.<name>.degrade": Degradation,
     "models.<name>.cache": CacheSettings,
+    "models.<name>.semantic_cache": SemanticSettings,
 }
 
 READERS = ("raw", "node", "items", "string", "secret", "choice", "optional_string",

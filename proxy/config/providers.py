@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from ..core.route import (
     Degradation,
     Deployment,
     ModelRoute,
+    SemanticSettings,
 )
 from .egress import egress_for, environment_proxies
 from .policy import tier_index
@@ -162,16 +164,23 @@ def parse_models(
                                  node, providers, declared, names)
         degradation = _degradation(node, names, candidates) if node.has("degrade") else None
         cache = _cache(node.node("cache")) if node.has("cache") else None
+        semantic = (_semantic(node.node("semantic_cache"))
+                    if node.has("semantic_cache") else None)
         node.check_unknown()
         if not candidates:
             warnings.append(f"{path}: no enabled provider; the model answers 503")
         models[public] = ModelRoute(
             name=public, candidates=candidates, strategy=strategy,
             tier_strategies=tier_strategies, max_cost=max_cost, degradation=degradation,
-            cache=cache,
+            cache=cache, semantic_cache=semantic,
         )
     if not models:
         fail("models", "must name at least one model")
+    for public, route in models.items():
+        wanted = route.semantic_cache.embedding_model if route.semantic_cache else None
+        if wanted is not None and wanted not in models:
+            fail(f"models.{public}.semantic_cache.embedding_model",
+                 f"{shown(wanted)} is not a model of this routing table")
     return models
 
 
@@ -194,6 +203,19 @@ def _cache(node: Node) -> CacheSettings:
     settings = CacheSettings(
         ttl_s=node.number("ttl_s", 300.0, positive=True, maximum=7 * 24 * 3600),
         max_entries=node.integer("max_entries", 10_000, minimum=1, maximum=10_000_000),
+    )
+    node.check_unknown()
+    return settings
+
+
+def _semantic(node: Node) -> SemanticSettings:
+    if importlib.util.find_spec("usearch") is None:
+        fail(node.path, "needs the 'semantic' extra: pip install 'triage-proxy[semantic]'")
+    settings = SemanticSettings(
+        embedding_model=node.string("embedding_model", required=True),
+        threshold=node.number("threshold", 0.95, positive=True, maximum=1.0),
+        ttl_s=node.number("ttl_s", 86_400.0, positive=True, maximum=30 * 24 * 3600),
+        max_entries=node.integer("max_entries", 100_000, minimum=1, maximum=10_000_000),
     )
     node.check_unknown()
     return settings

@@ -102,6 +102,23 @@ class CacheSettings:
 
 
 @dataclass(frozen=True)
+class SemanticSettings:
+    """A model's semantic cache: a call whose last user message is, by the embeddings of
+    ``embedding_model``, at least ``threshold`` similar (cosine) to one answered within
+    ``ttl_s`` gets that answer; at most ``max_entries`` answers per model."""
+
+    embedding_model: str
+    threshold: float = 0.95
+    ttl_s: float = 86_400.0
+    max_entries: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not (0 < self.threshold <= 1 and self.ttl_s > 0 and self.max_entries >= 1):
+            raise ValueError("semantic_cache: threshold must be in (0, 1], ttl_s positive "
+                             "and max_entries at least 1")
+
+
+@dataclass(frozen=True)
 class ModelRoute:
     name: str
     candidates: tuple[Deployment, ...]
@@ -110,6 +127,7 @@ class ModelRoute:
     max_cost: Mapping[str, float] = field(default_factory=dict)
     degradation: Degradation | None = None
     cache: CacheSettings | None = None
+    semantic_cache: SemanticSettings | None = None
 
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.tier_strategies.values()):

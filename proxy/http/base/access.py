@@ -36,7 +36,7 @@ class CallRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost_usd: float | None = None
-    cache: str | None = None  # hit | miss, for models with a response cache
+    cache: str | None = None  # hit | miss (response cache), semantic | semantic_miss
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -167,6 +167,24 @@ class Metrics:
             "write dropped), by operation (lookup, store, home_lookup, home_store).",
             ["operation"], registry=r,
         ))
+        self.semantic_lookups = Family(ChildCounter(
+            "proxy_semantic_cache_lookups", "Semantic cache lookups, by public model and "
+            "result (hit, miss, bypass, error).", ["model", "result"], registry=r,
+        ))
+        self.semantic_nearest = Family(ChildCounter(
+            "proxy_semantic_cache_nearest", "Semantic cache lookups that found a neighbour, "
+            "by public model and the band of its similarity (near misses: the bands below "
+            "the threshold).", ["model", "band"], registry=r,
+        ))
+        self.semantic_entries = Family(Gauge(
+            "proxy_semantic_cache_entries", "Answers held in the semantic cache, by public "
+            "model.", ["model"], registry=r,
+        ))
+        self.semantic_seconds = Family(ChildHistogram(
+            "proxy_semantic_cache_lookup_seconds", "What a semantic lookup took (the "
+            "embedding and the search), by public model: what a miss adds.", ["model"],
+            buckets=WAIT_BUCKETS, registry=r,
+        ))
         self.budget_spent = Family(Gauge(
             "proxy_budget_spent_usd", "Spend of keys with a budget_usd in the current period.",
             ["key"], registry=r,

@@ -151,7 +151,8 @@ class ResponseCache:
 
     def get(self, model: str, digest: bytes) -> Entry | None:
         """This replica's entry (no I/O)."""
-        kept = self._caches[model][1].get(digest)
+        found = self._caches.get(model)  # a model with only a semantic cache has none
+        kept = None if found is None else found[1].get(digest)
         return None if kept is None else kept[0]
 
     async def recall(self, model: str, digest: bytes) -> Entry | None:

@@ -47,6 +47,7 @@ from .auth import ON_BEHALF
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
+from .semantic import Pending
 from .service import SERVICE, Service
 from .tracing import TRACE
 
@@ -64,6 +65,7 @@ class Exchange:
     failure: web.Response | None = None  # the last upstream failure, kept to pass through
     cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
+    semantic: Pending | None = None  # a semantic cache miss: its answer is kept
 
 
 async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamResponse:
@@ -94,13 +96,20 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     flight: asyncio.Event | None = None
     if service.cache.applies(call):
-        key = exchange.cache_key = cache_key(principal.name, call)
+        exchange.cache_key = cache_key(principal.name, call)
         record.cache = "miss"
         hit = cached(service, exchange, plan.tier_name) or await follow(service, exchange)
         if hit is not None:
             return hit
-        if service.cache.flight(key) is None:
-            flight = service.cache.take_off(key)
+    if service.semantic.applies(call, request.headers):  # a hit lands no flight: before it
+        found = await service.semantic.look_up(request, plan)
+        if isinstance(found, web.Response):
+            return found
+        if found is not None:  # a miss: its answer is kept whole (in _send)
+            exchange.semantic, exchange.cache_key = found, exchange.cache_key or found.digest
+    key = exchange.cache_key
+    if key is not None and service.cache.applies(call) and service.cache.flight(key) is None:
+        flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:
@@ -108,7 +117,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             hit = await recalled(service, exchange)
             if hit is not None:
                 return hit
-        if exchange.cache_key is not None:
+        if exchange.cache_key is not None and service.cache.applies(call):
             service.metrics.cache_lookups.get(call.model, "miss").inc()
         _within_budget(service, principal.name)
         key_taken = service.shared.shared and await take_key(service, principal, plan)
@@ -310,8 +319,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
                 None, None, None)
             remember(service, call, response_id, deployment)
             if key is not None and status == 200:
-                service.cache.put(call.model, key, Entry(data, deployment.id, _count(prompt),
-                                                         _count(completion)))
+                entry = Entry(data, deployment.id, _count(prompt), _count(completion))
+                service.cache.put(call.model, key, entry)
+                service.semantic.keep(exchange.semantic, entry)
             return Result(SUCCESS, status=status, prompt_tokens=prompt,
                           completion_tokens=completion)
         chunks = response.chunks()
@@ -327,9 +337,10 @@ async def _send(service: Service, exchange: Exchange, path: str,
         whole = (assemble(call.kind, result.kept)
                  if result.kept and result.verdict is SUCCESS else None)
         if key is not None and whole is not None:
-            service.cache.put(call.model, key, Entry(
-                whole, deployment.id, _count(result.prompt_tokens),
-                _count(result.completion_tokens)))
+            entry = Entry(whole, deployment.id, _count(result.prompt_tokens),
+                          _count(result.completion_tokens))
+            service.cache.put(call.model, key, entry)
+            service.semantic.keep(exchange.semantic, entry)
         return Result(result.verdict, status=200, committed=True,
                       prompt_tokens=result.prompt_tokens,
                       completion_tokens=result.completion_tokens, ttft_s=ttft)

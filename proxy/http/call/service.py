@@ -28,6 +28,7 @@ from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
 from .cache import ResponseCache
+from .semantic import SemanticCache
 from .tracing import Tracing
 
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
@@ -75,6 +76,8 @@ class Service:
                 operation).inc()
         self.cache = ResponseCache(clock, answers)
         self.cache.configure(config.models)
+        self.semantic = SemanticCache(clock, self.metrics, self.internal_token)
+        self.semantic.configure(config.models)
         self.engine = Engine(
             scheduler=config.scheduler, classify=config.classify, providers=config.providers,
             models=config.models, principals=[k.principal for k in config.keys],
@@ -92,6 +95,7 @@ class Service:
         """Reach the shared state (a replica that cannot starts in its ``on_error`` mode)."""
         self.on_mode(self.shared.mode, 1)
         await self.shared.start(self)
+        self.semantic.share(self.shared)
 
     def _configure_shared(self) -> None:
         self.shared.configure(
@@ -124,6 +128,7 @@ class Service:
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
                        metrics.budget_spent, metrics.budget_limit, metrics.cache_entries,
+                       metrics.semantic_entries,
                        metrics.breaker_state):
             family.clear()
         metrics.replicas.set_function(lambda: self.shared.alive)
@@ -140,6 +145,9 @@ class Service:
             if route.cache is not None:
                 metrics.cache_entries.get(name).set_function(
                     functools.partial(self.cache.size, name))
+            if route.semantic_cache is not None:
+                metrics.semantic_entries.get(name).set_function(
+                    functools.partial(self.semantic.size, name))
         for key, budget in self.budgets.budgets.items():
             metrics.budget_limit.get(key).set(budget.amount_usd)
             metrics.budget_spent.get(key).set_function(functools.partial(self._spent, key))
@@ -208,6 +216,7 @@ class Service:
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
+        self.semantic.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._configure_shared()
         if self.shared.mode == "local" and self.shared.shared:
@@ -295,6 +304,7 @@ class Service:
             self._schedule_timer.cancel()
         self.admission.close()
         await self.shared.close()
+        await self.semantic.close()
         for upstream in self.upstreams.values():
             await upstream.close()
         await asyncio.gather(*self._retiring)

@@ -83,6 +83,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     # Work that can wait calls this proxy back, on loopback when it listens everywhere.
     local = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else (
         f"[{host}]" if ":" in host else host)
+    app[SERVICE].semantic.listening(f"http://{local}:{bound[1]}")
     await app[WORK].start(f"http://{local}:{bound[1]}")
     print(f"listening on http://{host}:{bound[1]}", flush=True)
     try:
