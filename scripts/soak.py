@@ -3,7 +3,7 @@ providers, a steady mixed load, and one fault after another; then the checks.
 
     scripts/soak                                   # 10 minutes, a fault every minute
     scripts/soak --minutes 1.4 --fault-every 12    # the short form tests/test_soak.py runs
-    scripts/soak --json --no-budget-check --logs /tmp/soak-logs
+    scripts/soak --json --logs /tmp/soak-logs
 
 The load (``--rate`` calls/s, Poisson): four tiers by ``X-Priority``, three keys, JSON and
 streams, client cancels mid-queue and mid-stream, bad bodies; a budget key's calls one at

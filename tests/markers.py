@@ -47,6 +47,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_state_scripts": (("e2e", "redis"), "the Lua scripts, run by a real Redis"),
     "test_shared_answers": (("e2e", "redis"), "replicas of `serve` sharing cached answers "
                             "and response homes through one Redis"),
+    "test_budgets_shared": (("e2e", "redis"), "budgets on a real Redis, and `serve` replicas"),
     "test_egress": (("e2e",), "a CONNECT proxy and TLS providers of the test's own"),
     "test_lane_smoke": (("e2e",), "the real `serve` in a subprocess"),
     "test_wire_reuse": (("e2e",), "the upstream client against raw asyncio servers"),

@@ -1,8 +1,7 @@
 """The chaos soak's short form (scripts/soak.py, run as ``scripts/soak``): three real
 ``serve`` replicas on a private ``redis-server``, the throttling fake providers, 84 s of
-mixed load and one fault of each kind 12 s apart; every check must hold. The budget
-check is reported but not asserted (``--no-budget-check``): ``budget_usd`` is counted per
-replica until budgets are shared across replicas (docs/replicas.md)."""
+mixed load and one fault of each kind 12 s apart; every check must hold, the budget's
+too (one replica SIGKILLed before Redis restarts empty: the others write its spend back)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ def test_a_short_soak_with_one_fault_of_each_kind_passes_its_checks(tmp_path: Pa
         pytest.skip("redis-server is not installed")
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "1.4",
-         "--fault-every", "12", "--batch-lines", "30", "--no-budget-check", "--json",
+         "--fault-every", "12", "--batch-lines", "30", "--json",
          "--quiet", "--logs", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=WALL_S, check=False)
     print(result.stdout)  # the soak's figures, shown when this test fails
@@ -34,7 +33,6 @@ def test_a_short_soak_with_one_fault_of_each_kind_passes_its_checks(tmp_path: Pa
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert {f["kind"] for f in report["faults"]} == FAULTS
     checks = report["checks"]
-    assert checks["budget"]["passed"] is None  # reported, not judged (see the docstring)
     failed = {name for name, check in checks.items() if check["passed"] is False}
     assert not failed, {name: checks[name] for name in failed}
     assert result.returncode == 0

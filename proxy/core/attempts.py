@@ -182,9 +182,7 @@ class Attempts:
             self._started = now
             self.attempts += 1
             self._sent = True
-            self.service_tier = None if self.declined or not deployment.service_tiers else (
-                deployment.service_tier(
-                    self.engine.tier_names[min(ticket.tier, len(self.engine.tier_names) - 1)]))
+            self.service_tier = self.tier_for(deployment)
             return Send(deployment)
         self.engine.scheduler.give_back(ticket, now)
         if start is RATE_LIMITED:  # its provider is paused now; wait in place
@@ -351,6 +349,13 @@ class Attempts:
             if deployment.id == deployment_id:
                 return deployment
         raise ValueError(f"{deployment_id!r} is not a candidate of this call")
+
+    def tier_for(self, deployment: Deployment) -> str | None:
+        """The provider tier a call through ``deployment`` goes with now (None: none)."""
+        if self.declined or not deployment.service_tiers:  # most have no tier table
+            return None
+        names = self.engine.tier_names
+        return deployment.service_tier(names[min(self._ticket().tier, len(names) - 1)])
 
     def tokens(self, deployment: Deployment) -> int:
         """What a call through ``deployment`` is charged to its rpm/tpm before it answers."""

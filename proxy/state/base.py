@@ -2,10 +2,11 @@
 
 The pure scheduler stays each replica's own; what must hold across replicas goes through a
 ``State``: provider slots as leases (``lease``/``release``), rpm/tpm buckets
-(``take_rate``/``settle_rate``), open breakers and 429 cuts; and, through ``answers``, the
-response cache's entries and the Responses API's response homes. ``MemoryState`` (one
-process) has nothing to share: ``shared`` is False, ``answers`` None, and the driver asks
-it nothing on the request path.
+(``take_rate``/``settle_rate``), open breakers and 429 cuts; through ``answers``, the
+response cache's entries and the Responses API's response homes; and the keys' spend
+budgets (``budgets``: a ``BudgetBook``). ``MemoryState`` (one process) has nothing to
+share: ``shared`` is False, ``answers`` None, and the driver asks it nothing on the request
+path; its budgets are the process's own ledger (``LocalBudgets``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
+from ..core.budgets import Budget, Budgets, Refusal, Reservation
 from ..core.value import value
 
 
@@ -57,6 +59,37 @@ class Answers(Protocol):
     async def home(self, response_id: str) -> str | None: ...
 
     def remember(self, response_id: str, deployment: str) -> None: ...
+
+
+class BudgetBook(Protocol):
+    """The keys' spend budgets as the driver uses them (``proxy.core.budgets``): checked
+    on arrival, reserved at dispatch, settled when an attempt ends."""
+
+    @property
+    def budgets(self) -> dict[str, Budget]: ...
+
+    def configure(self, budgets: Mapping[str, Budget], timezone: str) -> None: ...
+
+    def spent(self, key: str, wall: float) -> float: ...
+
+    def check(self, key: str, estimate: float, wall: float) -> Refusal | None: ...
+
+    async def reserve(self, key: str, estimate: float, maximum: float,
+                      wall: float) -> Reservation | Refusal | None: ...
+
+    def settle(self, reservation: Reservation, cost: float) -> None: ...
+
+    def spend(self, key: str, usd: float, wall: float) -> None: ...
+
+    def snapshot(self, wall: float) -> dict[str, dict[str, object]]: ...
+
+
+class LocalBudgets(Budgets):
+    """One process's budgets: its ledger decides (``reserve`` never waits for anything)."""
+
+    async def reserve(self, key: str, estimate: float, maximum: float,
+                      wall: float) -> Reservation | Refusal | None:
+        return self.admit(key, estimate, maximum, wall)
 
 
 class State(Protocol):
@@ -102,6 +135,11 @@ class State(Protocol):
     def breaker_opened(self, deployment: str, open_for_s: float) -> None: ...
 
     def limit_cut(self, provider: str, limit: int, for_s: float) -> None: ...
+
+    def budgets(self, budgets: Mapping[str, Budget], timezone: str,
+                wall: Callable[[], float]) -> BudgetBook:
+        """The keys' budgets (``wall``: the clock of their periods)."""
+        ...
 
     def status(self) -> dict[str, object]: ...
 
@@ -151,6 +189,10 @@ class MemoryState:
 
     def limit_cut(self, provider: str, limit: int, for_s: float) -> None:
         return None
+
+    def budgets(self, budgets: Mapping[str, Budget], timezone: str,
+                wall: Callable[[], float]) -> BudgetBook:
+        return LocalBudgets(budgets, timezone)
 
     def status(self) -> dict[str, object]:
         return {"backend": "memory", "replica": self.replica, "mode": "local",

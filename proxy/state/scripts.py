@@ -13,6 +13,7 @@ Keys, under the configured prefix ``p`` (one Redis, not a cluster: scripts build
 - ``p:breaker:{deployment}`` present (with a TTL) while the deployment's breaker is open
 - ``p:rate:{name}``        hash, an rpm/tpm bucket pair (``r``, ``t``, ``ts``)
 - ``p:vclock:{provider}``  hash, each key's virtual clock per rank: ``{rank}|{key}`` → ms
+- ``p:bspent:…``, ``p:bheld:…`` the keys' spend budgets (``proxy.state.budgets``)
 
 A member is ``{replica}|{n}|{provider}``. Times come from Redis ``TIME`` only, never a replica's
 clock. A waiter's score is ``rank * 2**41 + start``: lower goes first, so a more urgent tier

@@ -12,6 +12,8 @@ every replica through one Redis (``redis.asyncio``), each change one Lua script
   whose wake was lost, waiters Redis lost, slots of dead replicas, and open breakers.
 - When Redis cannot be reached the proxy does what ``on_error`` says (a per-replica share
   of each limit, or 503), and is back in shared mode two heartbeats after Redis is.
+- The keys' spend budgets are ``proxy.state.budgets``'s, on this link; each heartbeat Redis
+  answers syncs them (``SharedBudgets.sync``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
 from ..config.state import StateSettings
+from ..core.budgets import Budget, Budgets
 from ..core.errors import StateUnavailable
 from . import scripts
 from .answers import SharedAnswers
@@ -32,6 +36,9 @@ from .base import Hooks, Lease, replica_id
 from .batcher import Batcher
 from .link import REDIS_ERRORS, Link
 from .rates import SharedRates
+
+if TYPE_CHECKING:
+    from .budgets import SharedBudgets
 
 
 @dataclass(slots=True)
@@ -61,6 +68,7 @@ class RedisState:
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
         self._cut = self._redis.register_script(scripts.CUT)
         self._rates = SharedRates(link)
+        self._budgets: SharedBudgets | None = None
         self._seq = itertools.count()
         self._beats = -1  # the last heartbeat Redis answered: what the ``seen`` key holds
         self._held: dict[str, str] = {}  # member → provider
@@ -136,6 +144,15 @@ class RedisState:
     def configure(self, limits: Mapping[str, int], deployments: Sequence[str]) -> None:
         self._limits = dict(limits)
         self._deployments = tuple(deployments)
+
+    def budgets(self, budgets: Mapping[str, Budget], timezone: str,
+                wall: Callable[[], float]) -> SharedBudgets:
+        """The keys' budgets, held for every replica (``proxy.state.budgets``)."""
+        from .budgets import SharedBudgets
+
+        self._budgets = SharedBudgets(self._link, self.replica, Budgets(budgets, timezone),
+                                      wall)
+        return self._budgets
 
     # --- slots --------------------------------------------------------------------------
 
@@ -331,6 +348,11 @@ class RedisState:
         self._remote_open = {d: now + s for d, s in open_for.items()}
         if open_for and link.hooks is not None:
             link.hooks.on_breakers(open_for)
+        if self._budgets is not None:
+            try:
+                await self._budgets.sync(rebuild=bool(int(forgot)))
+            except REDIS_ERRORS as exc:
+                link.failed(exc)
 
     def _rebuild(self, leases: int, waiters: int) -> None:
         """Redis forgot this replica (an empty restart, a flush, a failover to an older

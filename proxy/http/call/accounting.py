@@ -13,14 +13,13 @@ def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Us
                  predicted_s: float, took_s: float, service_tier: str | None = None) -> float:
     """``predicted_s``: the service time the scheduler was told; ``took_s``: the truth;
     ``service_tier``: the provider tier it was sent with, priced as such. Returns the
-    call's cost in dollars."""
+    call's cost in dollars (its key's budget is charged it: ``budget.charge``)."""
     metrics = service.metrics
     metrics.tokens.get(deployment.provider, "prompt").inc(usage.prompt_tokens)
     metrics.tokens.get(deployment.provider, "completion").inc(usage.completion_tokens)
     cost = deployment.cost(usage.prompt_tokens, usage.completion_tokens, service_tier)
     metrics.cost.get(plan.caller, plan.tier_name).inc(cost)
     metrics.key_served.get(plan.caller, plan.tier_name).inc(took_s)
-    service.budgets.spend(plan.caller, cost, service.clock.wall())
     if plan.output_tokens and usage.reported:
         metrics.estimate_error.get("output_tokens").observe(
             abs(relative_error(plan.output_tokens, usage.completion_tokens)))

@@ -28,8 +28,9 @@ from ...core.attempts import (
     Wait,
     tier_declined,
 )
+from ...core.budgets import Reservation
 from ...core.classify import RequestFacts, upstream_service_tier
-from ...core.errors import BudgetExceeded, InvalidRequest, ShuttingDown, UpstreamError
+from ...core.errors import InvalidRequest, ShuttingDown, UpstreamError
 from ...core.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
 from ...core.plan import Plan
 from ...core.request import Kind
@@ -44,6 +45,7 @@ from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
 from .answers import cached, find_home, follow, recalled, remember
 from .auth import ON_BEHALF
+from .budget import arrival, charge, hold, reserve
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
@@ -66,6 +68,7 @@ class Exchange:
     cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
     semantic: Pending | None = None  # a semantic cache miss: its answer is kept
+    reservation: Reservation | None = None  # the attempt's hold on its key's budget
 
 
 async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamResponse:
@@ -119,7 +122,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
                 return hit
         if exchange.cache_key is not None and service.cache.applies(call):
             service.metrics.cache_lookups.get(call.model, "miss").inc()
-        _within_budget(service, principal.name)
+        arrival(service, plan)
         key_taken = service.shared.shared and await take_key(service, principal, plan)
         with lifecycle.call():
             return await _drive(service, exchange, path)
@@ -135,6 +138,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
         if in_flight is not None:  # the client left (or an error escaped) mid-attempt
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
+        charge(service, exchange, in_flight, None)  # sent and left: its estimate is charged
         service.admission.settle()
         if exchange.lease is not None:
             service.shared.release(exchange.lease)
@@ -154,15 +158,6 @@ ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
 }
 
 
-def _within_budget(service: Service, key: str) -> None:
-    budget = service.budgets.budgets.get(key)
-    if budget is None:
-        return
-    wait_s = service.budgets.refused_for(key, service.clock.wall())
-    if wait_s is not None:
-        raise BudgetExceeded(
-            f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
-            f"{budget.period}.", retry_after=wait_s)
 
 
 def _tier(service: Service, exchange: Exchange) -> tuple[int, str]:
@@ -208,12 +203,17 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     hit = cached(service, exchange, tier_name)
                     if hit is not None:
                         return hit
-                    _within_budget(service, exchange.plan.caller)
+                    if exchange.plan.caller in service.budgets.budgets and not await reserve(
+                            service, exchange, decision.deployment):
+                        command = await hold(service, exchange, ticket)
+                        continue
                     if service.shared.shared:
                         command, exchange.lease = await grant(service, attempts,
                                                               decision.deployment)
                     else:
                         command = attempts.granted(decision.deployment, now)
+                    if exchange.reservation is not None and not isinstance(command, Send):
+                        charge(service, exchange, None, 0.0)  # not sent after all
             case Send(deployment=deployment):
                 record = exchange.request[RECORD]
                 record.upstream = deployment.id
@@ -234,13 +234,15 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     service.metrics.upstream_latency.get(*labels).observe(now - sent)
                 if result.ttft_s is not None:
                     service.metrics.ttft.get(*labels).observe(result.ttft_s)
+                cost = None  # not known: its estimate if it may have used tokens
                 if isinstance(command, Done) and attempts.usage is not None:
                     usage = attempts.usage
                     record.prompt_tokens = usage.prompt_tokens
                     record.completion_tokens = usage.completion_tokens
-                    record.cost_usd = record_usage(service, exchange.plan, deployment, usage,
-                                                   predicted, now - sent,
-                                                   attempts.service_tier)
+                    cost = record.cost_usd = record_usage(service, exchange.plan, deployment,
+                                                          usage, predicted, now - sent,
+                                                          attempts.service_tier)
+                charge(service, exchange, deployment if attempts.used is not None else None, cost)
             case Wait(until=until):
                 await asyncio.sleep(max(until - service.clock.now(), 0.0))
                 command = attempts.resume(service.clock.now())

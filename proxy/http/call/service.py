@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ...config import Config, Provider
 from ...core.breaker import BreakerState
-from ...core.budgets import Budget, Budgets
+from ...core.budgets import Budget
 from ...core.clock import Clock
 from ...core.engine import Engine
 from ...core.route import Deployment
@@ -27,6 +27,7 @@ from ..base.metrics import Metrics
 from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
+from .budget import Settles
 from .cache import ResponseCache
 from .semantic import SemanticCache
 from .tracing import Tracing
@@ -68,8 +69,10 @@ class Service:
         # What the proxy's own calls (batch lines, background responses) authenticate with.
         self.internal_token = internal_token or secrets.token_urlsafe(32)
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
-        self.budgets = Budgets(budgets_of(config), config.timezone)
         self.shared = shared or open_state(config.state)
+        # The keys' spend budgets: this process's, or the fleet's through Redis.
+        self.budgets = self.shared.budgets(budgets_of(config), config.timezone, clock.wall)
+        self.settles = Settles()
         answers = self.shared.answers
         if answers is not None:
             answers.on_error = lambda operation: self.metrics.cache_shared_errors.get(
