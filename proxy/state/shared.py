@@ -34,6 +34,7 @@ from . import scripts
 from .answers import SharedAnswers
 from .base import Hooks, Lease, replica_id
 from .batcher import Batcher
+from .health import SharedHealth
 from .link import REDIS_ERRORS, Link
 from .rates import SharedRates
 
@@ -66,7 +67,7 @@ class RedisState:
         self._p = link.prefix
         self._redis = link.client
         self._heartbeat = self._redis.register_script(scripts.HEARTBEAT)
-        self._cut = self._redis.register_script(scripts.CUT)
+        self._health = SharedHealth(link)
         self._rates = SharedRates(link)
         self._budgets: SharedBudgets | None = None
         self._seq = itertools.count()
@@ -82,9 +83,6 @@ class RedisState:
         self._give_back = self._batcher.give_back
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
-        self._remote_open: dict[str, float] = {}  # deployment → until, as heard from Redis
-        self._opened: dict[str, float] = {}  # deployment → until, as told by this replica
-        self._cuts: dict[str, tuple[int, float]] = {}  # provider → (limit, until), told here
         self.rebuilt: dict[str, int] = {}  # what the last rebuild wrote back (status)
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
@@ -111,10 +109,6 @@ class RedisState:
     @property
     def prefix(self) -> str:
         return self._p
-
-    def failed(self, exc: BaseException) -> None:
-        """A Redis command failed: the ``on_error`` mode until two heartbeats answer."""
-        self._link.failed(exc)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -277,25 +271,10 @@ class RedisState:
 
     def breaker_opened(self, deployment: str, open_for_s: float) -> None:
         """Tell every replica (unless the news came from them)."""
-        until = time.monotonic() + open_for_s
-        if self.mode != "shared" or self._remote_open.get(deployment, 0.0) >= until - 0.5:
-            return
-        self._opened[deployment] = until
-        self._send_breaker(deployment, open_for_s)
-
-    def _send_breaker(self, deployment: str, open_for_s: float) -> None:
-        ms = max(int(open_for_s * 1000), 1)
-        self._link.spawn(self._link.call(
-            self._redis.set(self._p + "breaker:" + deployment, 1, px=ms)))
+        self._health.breaker_opened(deployment, open_for_s)
 
     def limit_cut(self, provider: str, limit: int, for_s: float) -> None:
-        if self.mode == "shared":
-            self._cuts[provider] = (limit, time.monotonic() + for_s)
-            self._send_cut(provider, limit, for_s)
-
-    def _send_cut(self, provider: str, limit: int, for_s: float) -> None:
-        self._link.spawn(self._link.call(self._cut(
-            args=[self._p, provider, limit, max(int(for_s * 1000), 1)])))
+        self._health.limit_cut(provider, limit, for_s)
 
     # --- heartbeat, wake-ups, trouble ---------------------------------------------------
 
@@ -345,7 +324,7 @@ class RedisState:
                 self._link.spawn(self._again(member, waiter))
         now = time.monotonic()
         open_for = {opened[i]: int(opened[i + 1]) / 1000 for i in range(0, len(opened), 2)}
-        self._remote_open = {d: now + s for d, s in open_for.items()}
+        self._health.remote_open = {d: now + s for d, s in open_for.items()}
         if open_for and link.hooks is not None:
             link.hooks.on_breakers(open_for)
         if self._budgets is not None:
@@ -358,16 +337,10 @@ class RedisState:
         """Redis forgot this replica (an empty restart, a flush, a failover to an older
         copy): the heartbeat wrote its leases back and its lost waiters ask again; here its
         open breakers, 429 cuts and what it took from the rate buckets are told again."""
-        now = time.monotonic()
-        self._opened = {d: until for d, until in self._opened.items() if until > now}
-        for deployment, until in self._opened.items():
-            self._send_breaker(deployment, until - now)
-        self._cuts = {p: cut for p, cut in self._cuts.items() if cut[1] > now}
-        for provider, (limit, until) in self._cuts.items():
-            self._send_cut(provider, limit, until - now)
+        breakers, cuts = self._health.resend()
         self.rebuilt = {"times": self.rebuilt.get("times", 0) + 1, "leases": leases,
-                        "waiters": waiters, "breakers": len(self._opened),
-                        "cuts": len(self._cuts), "buckets": self._rates.recharge()}
+                        "waiters": waiters, "breakers": breakers, "cuts": cuts,
+                        "buckets": self._rates.recharge()}
 
     async def _again(self, member: str, waiter: _Waiter) -> None:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
