@@ -18,8 +18,7 @@ from aiohttp import web
 
 from ...core.request import Call
 from ...core.route import Deployment
-from ..base.keys import RECORD, REQUEST_ID
-from .cache import replay
+from .kept import kept_answer
 from .service import Service
 
 if TYPE_CHECKING:
@@ -36,20 +35,8 @@ def cached(service: Service, exchange: Exchange, tier_name: str,
     if entry is None:
         return None
     service.metrics.cache_lookups.get(call.model, "hit").inc()
-    record = request[RECORD]
-    record.cache = "hit"
-    record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
-    record.cost_usd = 0.0
-    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
-               "x-proxy-queue-ms": str(round(
-                   (exchange.attempts.queue_s if waited_s is None else waited_s) * 1000)),
-               "x-proxy-upstream": entry.deployment, "x-proxy-cache": "hit"}
-    if not call.stream:
-        return web.Response(body=entry.answer, headers=headers,
-                            content_type="application/json")
-    headers["cache-control"] = "no-cache"
-    return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
-                        headers=headers, content_type="text/event-stream")
+    return kept_answer(request, call, entry, "hit", tier_name,
+                       exchange.attempts.queue_s if waited_s is None else waited_s)
 
 
 async def follow(service: Service, exchange: Exchange) -> web.Response | None:

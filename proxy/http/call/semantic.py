@@ -28,11 +28,12 @@ from ...core.request import Call
 from ...core.route import ModelRoute, SemanticSettings
 from ...core.semantic import SEMANTIC_KINDS, Question, band, may_answer_from_past, question
 from ..base.edge import Incoming
-from ..base.keys import RECORD, REQUEST_ID
+from ..base.keys import RECORD
 from ..base.metrics import Metrics
 from ..upstream.upstream import HttpUpstream, UpstreamRequest
 from .auth import ON_BEHALF
-from .cache import Entry, cache_key, replay
+from .cache import Entry, cache_key
+from .kept import kept_answer
 
 if TYPE_CHECKING:
     from ...core.vectors import VectorStore
@@ -203,17 +204,5 @@ def _vector(data: bytes) -> list[float] | None:
 def _answer(request: Incoming, call: Call, tier_name: str, entry: Entry, similarity: float,
             took_s: float) -> web.Response:
     """A hit: the kept answer, as JSON or as the stream the call asks for."""
-    record = request[RECORD]
-    record.cache = "semantic"
-    record.prompt_tokens, record.completion_tokens = entry.prompt_tokens, entry.completion_tokens
-    record.cost_usd = 0.0
-    headers = {"x-request-id": request[REQUEST_ID], "x-proxy-tier": tier_name,
-               "x-proxy-queue-ms": str(round(took_s * 1000)),
-               "x-proxy-upstream": entry.deployment, "x-proxy-cache": "semantic",
-               "x-proxy-cache-similarity": f"{similarity:.4f}"}
-    if not call.stream:
-        return web.Response(body=entry.answer, headers=headers,
-                            content_type="application/json")
-    headers["cache-control"] = "no-cache"
-    return web.Response(body=replay(call.kind, entry.answer, call.wants_usage),
-                        headers=headers, content_type="text/event-stream")
+    return kept_answer(request, call, entry, "semantic", tier_name, took_s,
+                       **{"x-proxy-cache-similarity": f"{similarity:.4f}"})
