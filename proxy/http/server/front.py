@@ -32,6 +32,7 @@ from ..call.middleware import guarded
 from .head import HeadReader, Other, whole_answer
 from .lane_request import FastRequest
 from .lanecheck import lane_off_because
+from .refusals import Runner
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +314,9 @@ class FrontServer(web.Server):
         self.in_lane.clear()
 
 
-class FrontRunner(web.AppRunner):
-    """``web.AppRunner`` whose server has the fast lane for ``routes``."""
+class FrontRunner(Runner):
+    """The proxy's runner (``refusals.Runner``) whose server has the fast lane for
+    ``routes``."""
 
     def __init__(self, app: web.Application, routes: Mapping[str, Handler],
                  **kwargs: Any) -> None:

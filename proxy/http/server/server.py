@@ -21,6 +21,7 @@ from ..ops.reload import RELOADER
 from ..work.runner import WORK
 from .app import build_app
 from .lanecheck import lane_off_because
+from .refusals import Runner
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
                                 "shutdown_timeout": config.drain_timeout_s + AIOHTTP_GRACE_S}
     runner = lane_runner(app, settings) if config.server.fast_lane else None
     if runner is None:
-        runner = web.AppRunner(app, **settings)
+        runner = Runner(app, **settings)
         if not config.server.fast_lane:
             app[LANE].off_because = "turned off (server.fast_lane: false, or --no-fast-lane)"
     await runner.setup()
