@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.tokens import TokenCounter
+from proxy.http.base import edge
 from proxy.http.server import refusals
 from proxy.http.server.app import build_app
 
@@ -179,3 +180,27 @@ def test_a_refusal_past_aiohttp_s_own_fault_is_a_server_error() -> None:
     response = refusals.refusal(504, None, None)
     body = orjson.loads(cast(bytes, response.body))
     assert response.status == 504 and body["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize(("path", "kind"), [
+    ("/v1/chat/completions", b"application/json"),  # the fast lane
+    ("/v1/chat/completions?through=aiohttp", b"application/json"),
+    ("/v1/batches", b"application/json"),
+    ("/v1/files", b"multipart/form-data; boundary=real"),  # holds one of the upload places
+])
+async def test_a_body_that_stops_short_is_a_408_and_the_connection_closes(
+        client: Client, path: str, kind: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge, "BODY_WAIT_S", 0.3)
+    monkeypatch.setattr(edge, "UPLOAD_WAIT_S", 0.3)
+    request = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: " + kind
+               + b"\r\nContent-Length: 1000\r\n\r\n" + FORM[:100])
+    assert client.server.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    writer.write(request)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = orjson.loads(await reader.readexactly(length))
+    writer.close()
+    assert int(head.split()[1]) == 408, head
+    assert b"connection: close" in head.lower()  # the rest of its body is no request
+    assert body["error"]["code"] == "request_timeout"

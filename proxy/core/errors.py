@@ -14,6 +14,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ├── NotFound              404 not_found (a file, batch or response: none of the key's)
     ├── StorageFull           507 storage_full (storage.max_bytes reached)
     ├── RequestTooLarge       413 request_too_large
+    ├── BodyTimeout           408 request_timeout (the body did not arrive in time)
     ├── RateLimited           429 rate_limit_exceeded
     ├── BudgetExceeded        429 budget_exceeded (the key's budget_usd is spent)
     ├── Overloaded            503 (retry-after set)
@@ -140,6 +141,13 @@ class RequestTooLarge(ProxyError):
     retryable = False
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class BodyTimeout(ProxyError):
+    status = 408
+    retryable = True
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class RateLimited(ProxyError):

@@ -8,21 +8,25 @@ worker thread so the event loop keeps relaying other calls' streams meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, TypeVar
 
 from aiohttp import web
 from yarl import URL
 
+from ...core.errors import BodyTimeout
 from ...core.request import BodyLimits, Call, Kind, parse_call
 from ...core.tokens import TokenCounter
 
 # Bodies past this are parsed off the event loop: past it the thread hand-off costs far less
 # than walking the body on the loop, where every other call's stream would wait for it.
 OFFLOAD_BYTES = 256 * 1024
+BODY_WAIT_S = 60.0  # a call's whole body arrives within this long of its head, or 408
+UPLOAD_WAIT_S = 600.0  # the same for a file upload (up to batch.max_file_bytes)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 # Upstream response headers a client may see. Everything else stays inside: provider
@@ -58,10 +62,24 @@ class Incoming(Protocol):
 
 async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,
                     counter: TokenCounter) -> Call:
-    raw = await request.read()
+    async with arriving(BODY_WAIT_S):
+        raw = await request.read()
     if len(raw) <= OFFLOAD_BYTES:
         return parse_call(raw, kind, limits, counter)
     return await asyncio.to_thread(parse_call, raw, kind, limits, counter)
+
+
+@contextlib.asynccontextmanager
+async def arriving(seconds: float) -> AsyncIterator[None]:
+    """Around the reading of a request's body: one that has not all come in ``seconds``
+    after its head raises ``BodyTimeout`` (408), so a client that stops sending holds no
+    handler, and no upload's place, for ever."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise BodyTimeout(f"The request body did not arrive within {seconds:g} s of its "
+                          "head.") from None
 
 
 def client_request_id(headers: Mapping[str, str]) -> str | None:

@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ...core.errors import InvalidRequest, ProxyError, RequestTooLarge
+from ...core.errors import BodyTimeout, InvalidRequest, ProxyError, RequestTooLarge
 from ..base.access import CallRecord
 from ..base.edge import Incoming, client_request_id
 from ..base.keys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
@@ -53,10 +53,13 @@ def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.
     headers["x-request-id"] = request_id
     if tier is not None:
         headers["x-proxy-tier"] = tier
-    return web.Response(
+    response = web.Response(
         body=orjson.dumps(error.body()), status=error.status,
         content_type="application/json", headers=headers,
     )
+    if isinstance(error, BodyTimeout):  # the rest of its body may still come: not a request
+        response.force_close()
+    return response
 
 
 def _from_http(exc: web.HTTPException) -> ProxyError:

@@ -27,6 +27,7 @@ from ...core.batchfile import ENDPOINTS, read_lines
 from ...core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
 from ...core.request import Call
 from ...store.sqlite import MAX_FILES_LISTED
+from ..base import edge
 from ..base.edge import Incoming
 from .runner import WORK, Work, new_id
 
@@ -45,7 +46,9 @@ def _owner(request: web.Request) -> tuple[str, Work]:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = orjson.loads(await request.read())
+        async with edge.arriving(edge.BODY_WAIT_S):
+            raw = await request.read()
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise InvalidRequest("The body is not valid JSON.") from None
     if not isinstance(body, dict):
@@ -63,7 +66,9 @@ async def create_file(request: web.Request) -> web.Response:
 
 async def _upload(request: web.Request, owner: str, work: Work) -> web.Response:
     try:
-        purpose, filename, content = await _read_form(request, work.config.batch.max_file_bytes)
+        async with edge.arriving(edge.UPLOAD_WAIT_S):
+            purpose, filename, content = await _read_form(request,
+                                                          work.config.batch.max_file_bytes)
     except (AssertionError, ValueError, LookupError, HttpProcessingError) as exc:
         # aiohttp's multipart reader refuses a wrong boundary, a truncated body or a bad
         # part header with these ("Could not find starting boundary", "Invalid HTTP header").
