@@ -167,13 +167,13 @@ def test_bad_settings_are_config_errors() -> None:
 
 async def start(aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
                 fake: FakeUpstream, embeddings: EmbeddingFake, exact: bool = False,
-                **semantic: Any) -> Client:
+                slots: int = 1, **semantic: Any) -> Client:
     chat = await aiohttp_server(fake.app())
     embedder = await aiohttp_server(embeddings.app())
     candidates = [{"provider": "p", "model": "up", "input_cost": 1, "output_cost": 1}]
     config = config_from(
         [{"name": "p", "base_url": str(chat.make_url("/v1")), "api_key": "sk",
-          "max_concurrency": 1},
+          "max_concurrency": slots},
          {"name": "e", "base_url": str(embedder.make_url("/v1")), "api_key": "sk"}],
         {"m": {"candidates": candidates, **({"cache": {"ttl_s": 60}} if exact else {}),
                "semantic_cache": {"embedding_model": "emb", **semantic}},
@@ -328,6 +328,21 @@ async def test_beside_the_response_cache(
     assert [await ask(t) for t in (ASK, ASK, PARAPHRASE, PARAPHRASE)] == [
         "miss", "hit", "semantic", "semantic"]
     assert len(fake.seen) == 1 and embeddings.calls == 3
+
+
+async def test_two_identical_calls_at_once_go_upstream_once(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake, embeddings = FakeUpstream(), EmbeddingFake()
+    client = await start(aiohttp_server, aiohttp_client, counter, fake, embeddings,
+                         exact=True, slots=4)
+    api = sdk(client)
+    fake.hold_s = 0.5  # both look up by meaning while neither has gone upstream yet
+    answers = await asyncio.wait_for(asyncio.gather(*(
+        api.chat.completions.with_raw_response.create(model="m", messages=user(ASK),
+                                                      temperature=0) for _ in range(2))), 5)
+    assert sorted(a.headers["x-proxy-cache"] for a in answers) == ["hit", "miss"]
+    assert len(fake.seen) == 1
+    assert {a.parse().choices[0].message.content for a in answers} == {"Hello there!"}
 
 
 async def test_a_lower_threshold_answers_the_near_question(

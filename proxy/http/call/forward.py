@@ -104,15 +104,21 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
         hit = cached(service, exchange, plan.tier_name) or await follow(service, exchange)
         if hit is not None:
             return hit
-    if service.semantic.applies(call, request.headers):  # a hit lands no flight: before it
+    looked = service.semantic.applies(call, request.headers)
+    if looked:  # a hit lands no flight: before it
         found = await service.semantic.look_up(request, plan)
         if isinstance(found, web.Response):
             return found
         if found is not None:  # a miss: its answer is kept whole (in _send)
             exchange.semantic, exchange.cache_key = found, exchange.cache_key or found.digest
     key = exchange.cache_key
-    if key is not None and service.cache.applies(call) and service.cache.flight(key) is None:
-        flight = service.cache.take_off(key)
+    if key is not None and service.cache.applies(call):
+        if looked:  # an identical call may have taken off while this one looked by meaning
+            hit = await follow(service, exchange)
+            if hit is not None:
+                return hit
+        if service.cache.flight(key) is None:
+            flight = service.cache.take_off(key)
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:
