@@ -5,6 +5,7 @@ adds a word lands near (2 of 3 words shared: 0.82), another question lands far."
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import re
@@ -37,6 +38,7 @@ def embed(text: str, dim: int = DIM) -> list[float]:
 class EmbeddingFake:
     status: int = 200
     calls: int = 0
+    hold_s: float = 0.0  # time before answering
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -46,6 +48,7 @@ class EmbeddingFake:
     async def handle(self, request: web.Request) -> web.Response:
         self.calls += 1
         body = await request.json()
+        await asyncio.sleep(self.hold_s)
         if self.status != 200:
             return web.json_response({"error": {"message": "down"}}, status=self.status)
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]

@@ -167,7 +167,8 @@ def test_bad_settings_are_config_errors() -> None:
 
 async def start(aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter,
                 fake: FakeUpstream, embeddings: EmbeddingFake, exact: bool = False,
-                slots: int = 1, **semantic: Any) -> Client:
+                slots: int = 1, tiers: list[dict[str, Any]] | None = None,
+                **semantic: Any) -> Client:
     chat = await aiohttp_server(fake.app())
     embedder = await aiohttp_server(embeddings.app())
     candidates = [{"provider": "p", "model": "up", "input_cost": 1, "output_cost": 1}]
@@ -179,7 +180,8 @@ async def start(aiohttp_server: Factory, aiohttp_client: Factory, counter: Token
                "semantic_cache": {"embedding_model": "emb", **semantic}},
          "plain": candidates, "emb": [{"provider": "e", "model": "bow"}]},
         classify={"keys": [{"name": "app", "key": "app-key"},
-                           {"name": "other", "key": "other-key"}]})
+                           {"name": "other", "key": "other-key"}]},
+        **({"tiers": tiers} if tiers else {}))
     client: Client = await aiohttp_client(build_app(config, counter=counter))
     client.app[SERVICE].semantic.listening(str(client.make_url("/")))
     return client
@@ -356,6 +358,21 @@ async def test_a_lower_threshold_answers_the_near_question(
         model="m", messages=user(NEAR), temperature=0)
     assert raw.headers["x-proxy-cache"] == "semantic" and len(fake.seen) == 1
     assert 0.8 <= float(raw.headers["x-proxy-cache-similarity"]) < 0.85
+
+
+async def test_a_slow_embedding_model_leaves_the_call_most_of_its_wait(
+        aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter) -> None:
+    fake, embeddings = FakeUpstream(), EmbeddingFake(hold_s=30.0)
+    tiers = [{"name": "critical", "max_wait_s": 8}, {"name": "normal", "max_wait_s": 8}]
+    client = await start(aiohttp_server, aiohttp_client, counter, fake, embeddings,
+                         tiers=tiers)
+    started = asyncio.get_running_loop().time()
+    raw = await sdk(client).chat.completions.with_raw_response.create(
+        model="m", messages=user(ASK), temperature=0)
+    took = asyncio.get_running_loop().time() - started
+    # The call waits at most 8 s: the lookup gives up after a quarter of it (not 10 s).
+    assert raw.parse().choices[0].message.content == "Hello there!" and 1.9 < took < 4.0
+    assert metric(client, 'proxy_semantic_cache_lookups_total{model="m",result="error"} 1.0')
 
 
 async def test_an_unreachable_embedding_model_is_a_plain_miss(

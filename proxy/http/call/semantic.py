@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from ...state.base import State
     from ...state.semantic import Shared, SharedSemantic
 
-EMBEDDING_TIMEOUT_S = 10.0  # at most this long (or until the call's deadline) for the vector
+EMBEDDING_TIMEOUT_S = 10.0  # at most this long for the vector,
+LOOKUP_SHARE = 0.25  # and at most this share of the time left before the call's deadline
 MAX_EMBEDDING_BYTES = 1 << 20
 CONNECT_S = 2.0
 
@@ -131,7 +132,7 @@ class SemanticCache:
         if not isinstance(asked, Question):
             metrics.semantic_lookups.get(call.model, "bypass").inc()
             return None
-        limit = min(EMBEDDING_TIMEOUT_S, plan.deadline - started)
+        limit = min(EMBEDDING_TIMEOUT_S, LOOKUP_SHARE * (plan.deadline - started))
         vector = await self._embedding(settings.embedding_model, asked.text, key_name,
                                        tier_name, limit)
         if vector is None:
