@@ -113,6 +113,8 @@ async def test_without_redis_each_replica_keeps_its_own(
         assert await ask(one, PARAPHRASE) == "semantic"  # its own cache still answers
         assert await ask(two, PARAPHRASE) == "miss" and len(fake.seen) == 2
         assert one.app[SERVICE].semantic.size("m") == 1
+        rendered = one.app[SERVICE].metrics.render().decode()
+        assert 'proxy_semantic_cache_shared_errors_total{operation="store"} 1.0' in rendered
         server.start()
         assert await ask(one, OTHER) == "miss"
         await holds(two, 2)  # the tail came back; what was kept since is shared

@@ -90,7 +90,8 @@ class SharedSemantic:
         self._pending: set[asyncio.Task[None]] = set()
         self._tail: asyncio.Task[None] | None = None
         self._failing = False
-        self.errors = 0
+        # Each failed command, by operation (store, read): the service counts them.
+        self.on_error: Callable[[str], None] = lambda operation: None
 
     def configure(self, models: Mapping[str, Bounds]) -> None:
         """The models shared now (a reload): a new one's live entries are read first."""
@@ -120,7 +121,7 @@ class SharedSemantic:
             await self._add(keys=[key], args=[bounds.max_entries,
                                               int(bounds.ttl_s * 1000), *fields])
         except REDIS_ERRORS as exc:
-            self._failed(exc)
+            self._failed(exc, "store")
 
     async def _tail_forever(self) -> None:
         while True:
@@ -133,7 +134,7 @@ class SharedSemantic:
                 found = await self._blocking.xread(streams, count=PAGE, block=BLOCK_MS)
                 self._failing = False
             except REDIS_ERRORS as exc:
-                self._failed(exc)
+                self._failed(exc, "read")
                 await asyncio.sleep(RETRY_S)
                 continue
             for stream, items in found or ():
@@ -176,8 +177,8 @@ class SharedSemantic:
             return  # not an entry this version wrote
         self._received(model, shared)
 
-    def _failed(self, exc: BaseException) -> None:
-        self.errors += 1
+    def _failed(self, exc: BaseException, operation: str) -> None:
+        self.on_error(operation)
         if not self._failing:
             log.warning("semantic cache: Redis unreachable (%s: %s); entries stay on this "
                         "replica until it is back", type(exc).__name__, exc)

@@ -167,6 +167,12 @@ class Metrics:
             "write dropped), by operation (lookup, store, home_lookup, home_store).",
             ["operation"], registry=r,
         ))
+        self.semantic_shared_errors = Family(ChildCounter(
+            "proxy_semantic_cache_shared_errors", "Redis commands of the shared semantic cache "
+            "that failed (redis backend; each an entry kept on this replica only, or a read "
+            "tried again a second later), by operation (store, read).",
+            ["operation"], registry=r,
+        ))
         self.semantic_lookups = Family(ChildCounter(
             "proxy_semantic_cache_lookups", "Semantic cache lookups, by public model and "
             "result (hit, miss, bypass, error).", ["model", "result"], registry=r,

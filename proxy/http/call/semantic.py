@@ -88,6 +88,8 @@ class SemanticCache:
         from ...state.shared import RedisState
         if isinstance(state, RedisState):
             self._shared = SharedSemantic(state, self._received)
+            errors = self._metrics.semantic_shared_errors
+            self._shared.on_error = lambda operation: errors.get(operation).inc()
             self._share_models()
 
     def _share_models(self) -> None:
