@@ -100,6 +100,7 @@ class FakeUpstream:
     capacity: int | None = None
     retry_after_ms: str = "50"
     usage: dict[str, Any] | None = None  # reported instead of the default usage
+    served_tier: str | None = None  # the service_tier a plain answer reports
     reply_headers: dict[str, str] = field(default_factory=dict)
     raw_stream: list[bytes] | None = None  # streamed exactly, chunk by chunk, instead
     seen: list[Seen] = field(default_factory=list)
@@ -200,6 +201,8 @@ class FakeUpstream:
             answer = completion(model)
             if self.usage is not None:
                 answer["usage"] = self.usage
+            if self.served_tier is not None:
+                answer["service_tier"] = self.served_tier
             return web.json_response(answer, headers={
                 "set-cookie": "a=b", "x-upstream-extra": "1", "connection": "keep-alive, x-hop",
                 "x-hop": "private", **self.reply_headers})

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from aiohttp.test_utils import TestServer
@@ -143,6 +144,29 @@ async def test_each_tier_is_sent_with_its_provider_tier_and_priced_at_it(
     costs = {tier: await metric(server, f'proxy_cost_usd_total{{key="anonymous",tier="{tier}"}}')
              for tier in ("critical", "normal", "low")}
     assert costs == pytest.approx({"critical": 0.00125, "normal": 0.00075, "low": 0.000375})
+
+
+async def test_the_tier_the_provider_says_it_served_is_the_one_priced(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    usage = {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}
+    upstream = FakeUpstream(usage=usage, served_tier="default")  # asked priority, gave default
+    server = await start(aiohttp_server, counter, upstream)
+    assert (await call(server, "critical"))[0] == 200
+    line = 'proxy_cost_usd_total{key="anonymous",tier="critical"}'
+    assert await metric(server, line) == pytest.approx(0.00075)  # not priority's 0.00125
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "x"}
+    upstream.raw_stream = [
+        b"data: " + orjson.dumps({**chunk, "choices": [{"index": 0, "delta": {
+            "content": "hi"}, "finish_reason": "stop"}]}) + b"\n\n",
+        b"data: " + orjson.dumps({**chunk, "choices": [], "usage": usage,
+                                  "service_tier": "flex"}) + b"\n\n",
+        b"data: [DONE]\n\n"]
+    async with aiohttp.ClientSession() as session, session.post(
+            server.make_url("/v1/chat/completions"), headers={"X-Priority": "critical"},
+            json={"model": "m", "stream": True,
+                  "messages": [{"role": "user", "content": "hi"}]}) as resp:
+        assert resp.status == 200 and b"[DONE]" in await resp.read()
+    assert await metric(server, line) == pytest.approx(0.00075 + 0.000375)  # flex's price
 
 
 async def test_a_flex_429_is_sent_again_without_service_tier_and_is_no_failure(

@@ -116,6 +116,7 @@ class Result:
     prompt_tokens: object = None  # as the upstream reported them
     completion_tokens: object = None
     ttft_s: float | None = None
+    service_tier: object = None  # the tier the upstream says it served the call at
 
 
 def tier_declined(service_tier: str | None, status: int, body: bytes) -> bool:
@@ -222,6 +223,8 @@ class Attempts:
         if succeeded or result.committed or verdict is ABANDONED:
             if succeeded:
                 self.usage = usage
+                if isinstance(result.service_tier, str) and result.service_tier:
+                    self.service_tier = result.service_tier[:64]  # what is priced
                 self.engine.learn(self.plan, deployment, usage, result.ttft_s,
                                   now - self._started)
             self._settle_key(usage.total if succeeded else self.plan.tokens, now)

@@ -323,15 +323,15 @@ async def _send(service: Service, exchange: Exchange, path: str,
         if not call.stream or status != 200:
             data = await response.read()
             exchange.answer = web.Response(body=data, status=status, headers=headers)
-            prompt, completion, response_id = _answer_facts(data) if status == 200 else (
-                None, None, None)
+            prompt, completion, response_id, served_at = _answer_facts(data) if (
+                status == 200) else (None, None, None, None)
             remember(service, call, response_id, deployment)
             if key is not None and status == 200:
                 entry = Entry(data, deployment.id, _count(prompt), _count(completion))
                 service.cache.put(call.model, key, entry)
                 service.semantic.keep(exchange.semantic, entry)
             return Result(SUCCESS, status=status, prompt_tokens=prompt,
-                          completion_tokens=completion)
+                          completion_tokens=completion, service_tier=served_at)
         chunks = response.chunks()
         first = await anext(chunks, b"")
         if not first:
@@ -351,7 +351,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
             service.semantic.keep(exchange.semantic, entry)
         return Result(result.verdict, status=200, committed=True,
                       prompt_tokens=result.prompt_tokens,
-                      completion_tokens=result.completion_tokens, ttft_s=ttft)
+                      completion_tokens=result.completion_tokens, ttft_s=ttft,
+                      service_tier=result.service_tier)
     except UpstreamError as exc:
         return Result(FAILURE, error=exc)
     finally:
@@ -379,15 +380,17 @@ async def _failed(service: Service, exchange: Exchange, response: UpstreamRespon
     return Result(FAILURE, status=status, retry_after_s=retry_after)
 
 
-def _answer_facts(data: bytes) -> tuple[object, object, str | None]:
-    """(prompt tokens, completion tokens, response id) an answer reports, where it does."""
+def _answer_facts(data: bytes) -> tuple[object, object, str | None, object]:
+    """(prompt tokens, completion tokens, response id, service tier) an answer reports,
+    where it does."""
     try:
         answer = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return None, None, None
+        return None, None, None, None
     if not isinstance(answer, dict):
-        return None, None, None
+        return None, None, None, None
     usage = answer.get("usage")
     prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
     response_id = answer.get("id") if answer.get("object") == "response" else None
-    return prompt, completion, response_id if isinstance(response_id, str) else None
+    return (prompt, completion, response_id if isinstance(response_id, str) else None,
+            answer.get("service_tier"))

@@ -56,6 +56,7 @@ class StreamTally:
         self._kept_bytes = 0
         self.events = 0
         self.usage: dict[str, Any] | None = None
+        self.service_tier: object = None  # the tier the provider says it served the call at
         self.done = False
         self.response_id: str | None = None
         self._pending = b""
@@ -159,7 +160,7 @@ class StreamTally:
             return True
         usage = payload.get("usage")
         if isinstance(usage, dict):
-            self.usage = usage
+            self.usage, self.service_tier = usage, payload.get("service_tier")
             if self.strip_usage and not payload.get("choices"):
                 self.events -= 1
                 return False
@@ -175,7 +176,7 @@ class StreamTally:
             self.done = True
             usage = response.get("usage")
             if isinstance(usage, dict):
-                self.usage = usage
+                self.usage, self.service_tier = usage, response.get("service_tier")
 
 
 def boundaries(buffer: bytes, pos: int) -> list[tuple[int, int]]:
@@ -233,6 +234,7 @@ class Relayed:
     completion_tokens: object
     response_id: str | None = None
     kept: list[bytes] | None = None  # the events' data, when asked to keep them
+    service_tier: object = None  # as the upstream reported it, beside its usage
 
 
 def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
@@ -342,4 +344,5 @@ async def relay(
     prompt, completion = usage_counts(tally.usage or {})
     if completion is None:
         completion = max(tally.events - 2, 0)  # content events, less the role and stop ones
-    return answer, Relayed(verdict, prompt, completion, tally.response_id, tally.kept)
+    return answer, Relayed(verdict, prompt, completion, tally.response_id, tally.kept,
+                           tally.service_tier)
