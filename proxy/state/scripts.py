@@ -90,14 +90,23 @@ BATCH = _NOW + _REBUILD + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
 -- every replica beats before it serves: no replicas means Redis lost them
 if redis.call('EXISTS', p .. 'replicas') == 0 then rebuilding(p, ttl) end
-local swept = {}
+local swept, gone = {}, {}
 for _, release in ipairs(cjson.decode(ARGV[3])) do
-  local prov, member = release[1], release[2]
-  if redis.call('ZREM', p .. 'leases:' .. prov, member) == 0 then  -- a waiter withdrawn
-    redis.call('ZREM', p .. 'waiters:' .. prov, member)
-    redis.call('ZREM', p .. 'wexp:' .. prov, member)
+  local prov = release[1]
+  local members = gone[prov] or {}
+  members[#members + 1] = release[2]
+  gone[prov], swept[prov] = members, release[3]
+end
+-- one ZREM per provider and 1000 members (unpack's stack), not one per release
+for prov, members in pairs(gone) do
+  for i = 1, #members, 1000 do
+    local j = math.min(i + 999, #members)
+    if redis.call('ZREM', p .. 'leases:' .. prov, unpack(members, i, j)) <= j - i then
+      -- not all were leases: waiters withdrawn (or a member released twice)
+      redis.call('ZREM', p .. 'waiters:' .. prov, unpack(members, i, j))
+      redis.call('ZREM', p .. 'wexp:' .. prov, unpack(members, i, j))
+    end
   end
-  swept[prov] = release[3]
 end
 for prov, limit in pairs(swept) do
   sweep(p, prov, limit, now, ttl, '')
@@ -124,11 +133,10 @@ for _, ask in ipairs(cjson.decode(ARGV[4])) do
   local lk = p .. 'leases:' .. prov
   local left = free(prov, limit)
   local flag = 1
-  if redis.call('ZSCORE', lk, member) then
+  if left > 0 then  -- NX: a member that holds its slot already keeps it, and the room
+    room[prov] = left - redis.call('ZADD', lk, 'NX', now + ttl, member)
+  elseif redis.call('ZSCORE', lk, member) then
     room[prov] = left
-  elseif left > 0 then
-    redis.call('ZADD', lk, now + ttl, member)
-    room[prov] = left - 1
   else
     room[prov] = 0
     local rank, base = ask[4], now - EPOCH_MS
