@@ -324,6 +324,7 @@ OP = st.one_of(
     st.tuples(st.just("ask"), st.integers(0, 3)),  # a call of that rank asks
     st.tuples(st.just("end"), st.integers(0, 20)),  # the n-th holder (mod) gives its slot back
     st.tuples(st.just("leave"), st.integers(0, 20)),  # the n-th waiter (mod) withdraws
+    st.tuples(st.just("again"), st.integers(0, 20)),  # the n-th holder (mod) asks again
     st.tuples(st.just("cut"), st.integers(1, 3)))
 BATCHES = st.lists(st.lists(OP, min_size=1, max_size=4), min_size=1, max_size=12)
 
@@ -332,10 +333,10 @@ BATCHES = st.lists(st.lists(OP, min_size=1, max_size=4), min_size=1, max_size=12
 @given(batches=BATCHES, limit=st.integers(1, 3))
 def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of_order(
         batches: list[list[tuple[str, int]]], limit: int) -> None:
-    """Whatever the asks, releases, withdrawals and 429 cuts, several in one batch (the
-    fast path for a free slot included): leases never above the limit, no free slot while
-    a call waits, a call granted while a more urgent one keeps waiting never, and a call
-    given back or withdrawn is neither a lease nor a waiter afterwards."""
+    """Whatever the asks (a holder's again, too), releases, withdrawals and 429 cuts, several
+    in one batch (the fast path for a free slot included): leases never above the limit, no
+    free slot while a call waits, a call granted while a more urgent one keeps waiting
+    never, and a call given back or withdrawn is neither a lease nor a waiter afterwards."""
     with prefixed() as (client, prefix):
         lua = Lua(client, prefix)
         lua.beat("a")
@@ -354,6 +355,10 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
                     asks.append((member, limit, value, 0, "", 1.0, 0))
                 elif op in ("end", "leave") and (chosen := held if op == "end" else waiting):
                     releases.append((chosen[value % len(chosen)], limit))
+                elif op == "again" and held:  # as a waiter Redis lost asks again
+                    member = held[value % len(held)]
+                    if (member, limit) not in releases:
+                        asks.append((member, limit, rank_of[member], 0, "", 1.0, 0))
                 elif op == "cut":
                     lua._cut(args=[lua.p, "p", value, 60_000])  # lowers, never raises
             lua.batch(releases, asks)
@@ -368,7 +373,7 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
             for member in newly:  # a batch's asks come in order: a later one may be more urgent
                 before = [w for w in waiters if w in waiting or order(w) < order(member)]
                 assert all(rank_of[w] >= rank_of[member] for w in before), (member, waiters)
-            gone = {member for member, _ in releases}
+            gone = {member for member, _ in releases} - {ask[0] for ask in asks}
             assert not gone & {*leases, *waiters}
             assert not gone & set(client.zrange(lua.p + "wexp:p", 0, -1))
             held, waiting = leases, waiters
