@@ -320,33 +320,48 @@ def test_after_redis_lost_everything_no_slot_is_granted_until_the_replicas_wrote
     assert lua.leases() == ["b|1|p"]
 
 
-OPS = st.lists(st.one_of(
+OP = st.one_of(
     st.tuples(st.just("ask"), st.integers(0, 3)),  # a call of that rank asks
     st.tuples(st.just("end"), st.integers(0, 20)),  # the n-th holder (mod) gives its slot back
-    st.tuples(st.just("cut"), st.integers(1, 3))), min_size=1, max_size=25)
+    st.tuples(st.just("leave"), st.integers(0, 20)),  # the n-th waiter (mod) withdraws
+    st.tuples(st.just("again"), st.integers(0, 20)),  # the n-th holder (mod) asks again
+    st.tuples(st.just("cut"), st.integers(1, 3)))
+BATCHES = st.lists(st.lists(OP, min_size=1, max_size=4), min_size=1, max_size=12)
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=OPS, limit=st.integers(1, 3))
+@given(batches=BATCHES, limit=st.integers(1, 3))
 def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of_order(
-        ops: list[tuple[str, int]], limit: int) -> None:
-    """Whatever the asks, releases and 429 cuts in one batch after another (the fast path
-    for a free slot included): leases never above the limit, no free slot while a call
-    waits, and a call granted while a more urgent one keeps waiting never."""
+        batches: list[list[tuple[str, int]]], limit: int) -> None:
+    """Whatever the asks (a holder's again, too), releases, withdrawals and 429 cuts, several
+    in one batch (the fast path for a free slot included): leases never above the limit, no
+    free slot while a call waits, a call granted while a more urgent one keeps waiting
+    never, and a call given back or withdrawn is neither a lease nor a waiter afterwards."""
     with prefixed() as (client, prefix):
         lua = Lua(client, prefix)
         lua.beat("a")
         held: list[str] = []
+        waiting: list[str] = []
         rank_of: dict[str, int] = {}
-        for n, (op, value) in enumerate(ops):
-            if op == "ask":
-                member = f"a|{n}|p"
-                rank_of[member] = value
-                lua.batch([], [(member, limit, value, 0, "", 1.0, 0)])
-            elif op == "end" and held:
-                lua.batch([(held[value % len(held)], limit)], [])
-            elif op == "cut":
-                lua._cut(args=[lua.p, "p", value, 60_000])  # lowers, never raises
+        n = 0
+        for ops in batches:
+            releases: list[tuple[str, int]] = []
+            asks: list[tuple[str, int, int, int, str, float, int]] = []
+            for op, value in ops:
+                n += 1
+                if op == "ask":
+                    member = f"a|{n}|p"
+                    rank_of[member] = value
+                    asks.append((member, limit, value, 0, "", 1.0, 0))
+                elif op in ("end", "leave") and (chosen := held if op == "end" else waiting):
+                    releases.append((chosen[value % len(chosen)], limit))
+                elif op == "again" and held:  # as a waiter Redis lost asks again
+                    member = held[value % len(held)]
+                    if (member, limit) not in releases:
+                        asks.append((member, limit, rank_of[member], 0, "", 1.0, 0))
+                elif op == "cut":
+                    lua._cut(args=[lua.p, "p", value, 60_000])  # lowers, never raises
+            lua.batch(releases, asks)
             cut = client.get(lua.p + "limit:p")
             cap = min(limit, int(cut)) if cut else limit
             leases = lua.leases()
@@ -355,6 +370,14 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
             assert len(leases) <= limit and (not newly or len(leases) <= cap)
             if waiters:
                 assert len(leases) >= cap  # never a slot left free while a call waits
-            for member in newly:
-                assert all(rank_of[w] >= rank_of[member] for w in waiters), (member, waiters)
-            held = leases
+            for member in newly:  # a batch's asks come in order: a later one may be more urgent
+                before = [w for w in waiters if w in waiting or order(w) < order(member)]
+                assert all(rank_of[w] >= rank_of[member] for w in before), (member, waiters)
+            gone = {member for member, _ in releases} - {ask[0] for ask in asks}
+            assert not gone & {*leases, *waiters}
+            assert not gone & set(client.zrange(lua.p + "wexp:p", 0, -1))
+            held, waiting = leases, waiters
+
+
+def order(member: str) -> int:
+    return int(member.split("|")[1])

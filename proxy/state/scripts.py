@@ -90,14 +90,23 @@ BATCH = _NOW + _REBUILD + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
 -- every replica beats before it serves: no replicas means Redis lost them
 if redis.call('EXISTS', p .. 'replicas') == 0 then rebuilding(p, ttl) end
-local swept = {}
+local swept, gone = {}, {}
 for _, release in ipairs(cjson.decode(ARGV[3])) do
-  local prov, member = release[1], release[2]
-  if redis.call('ZREM', p .. 'leases:' .. prov, member) == 0 then  -- a waiter withdrawn
-    redis.call('ZREM', p .. 'waiters:' .. prov, member)
-    redis.call('ZREM', p .. 'wexp:' .. prov, member)
+  local prov = release[1]
+  local members = gone[prov] or {}
+  members[#members + 1] = release[2]
+  gone[prov], swept[prov] = members, release[3]
+end
+-- one ZREM per provider and 1000 members (unpack's stack), not one per release
+for prov, members in pairs(gone) do
+  for i = 1, #members, 1000 do
+    local j = math.min(i + 999, #members)
+    if redis.call('ZREM', p .. 'leases:' .. prov, unpack(members, i, j)) <= j - i then
+      -- not all were leases: waiters withdrawn (or a member released twice)
+      redis.call('ZREM', p .. 'waiters:' .. prov, unpack(members, i, j))
+      redis.call('ZREM', p .. 'wexp:' .. prov, unpack(members, i, j))
+    end
   end
-  swept[prov] = release[3]
 end
 for prov, limit in pairs(swept) do
   sweep(p, prov, limit, now, ttl, '')
@@ -107,29 +116,48 @@ end
 local frozen = redis.call('EXISTS', p .. 'rebuilding') == 1
 local room = {}
 local function free(prov, limit)
-  local left = room[prov]
-  if left == nil then
+  if room[prov] == nil then
     local lk = p .. 'leases:' .. prov
     redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
     local cut = redis.call('GET', p .. 'limit:' .. prov)
     if cut then limit = math.min(limit, tonumber(cut)) end
-    left = limit - redis.call('ZCARD', lk)
-    if frozen or redis.call('EXISTS', p .. 'waiters:' .. prov) == 1 then left = 0 end
+    room[prov] = limit - redis.call('ZCARD', lk)
+    if frozen or redis.call('EXISTS', p .. 'waiters:' .. prov) == 1 then room[prov] = 0 end
   end
-  return left
+  return room[prov]
+end
+-- Slots granted from the room are written in one ZADD NX per provider (and 1000 members),
+-- before that provider's next waiter and at the end; a member that held its slot already
+-- keeps it and gives its share of the room back.
+local taken = {}
+local function take(prov)
+  local members = taken[prov]
+  taken[prov] = nil
+  for i = 1, #members, 1000 do
+    local args = {}
+    for j = i, math.min(i + 999, #members) do
+      args[#args + 1] = now + ttl
+      args[#args + 1] = members[j]
+    end
+    local added = redis.call('ZADD', p .. 'leases:' .. prov, 'NX', unpack(args))
+    room[prov] = room[prov] + #args / 2 - added
+  end
 end
 local granted = {}
 for _, ask in ipairs(cjson.decode(ARGV[4])) do
   local prov, member, limit = ask[1], ask[2], ask[3]
   local lk = p .. 'leases:' .. prov
   local left = free(prov, limit)
+  if left <= 0 and taken[prov] then
+    take(prov)
+    left = room[prov]
+  end
   local flag = 1
-  if redis.call('ZSCORE', lk, member) then
-    room[prov] = left
-  elseif left > 0 then
-    redis.call('ZADD', lk, now + ttl, member)
-    room[prov] = left - 1
-  else
+  if left > 0 then
+    local members = taken[prov] or {}
+    members[#members + 1] = member
+    taken[prov], room[prov] = members, left - 1
+  elseif not redis.call('ZSCORE', lk, member) then
     room[prov] = 0
     local rank, base = ask[4], now - EPOCH_MS
     local vk, field = p .. 'vclock:' .. prov, string.format('%d|%s', rank, ask[6])
@@ -148,6 +176,7 @@ for _, ask in ipairs(cjson.decode(ARGV[4])) do
   end
   granted[#granted + 1] = flag
 end
+for prov in pairs(taken) do take(prov) end
 return table.concat(granted)
 """
 
