@@ -164,6 +164,8 @@ class Policy:
             best: Ticket | None = None
             gate: Gate | None = None
             for cohort in cohorts:
+                if not cohort.heap:  # most are empty: not even a call
+                    continue
                 ticket = cohort.head()
                 if ticket is None:
                     continue
@@ -185,6 +187,8 @@ class Policy:
         gate: Gate | None = None
         for cohorts in self._queues.levels(name, tier):
             for cohort in cohorts:
+                if not cohort.due:
+                    continue
                 ticket = cohort.earliest()
                 if ticket is None:
                     continue
@@ -225,9 +229,10 @@ class Policy:
         if per_tier is None:
             values = [0.0] * len(self._tiers)
         else:
-            stamps = self._longest_at_stamp[pool]
-            values = [v * 0.5 ** ((now - at) / LONGEST_HALF_LIFE_S) if now > at else v
-                      for v, at in zip(per_tier, stamps, strict=True)]
+            values = list(per_tier)
+            for tier, at in enumerate(self._longest_at_stamp[pool]):  # a loop: no frame
+                if now > at:
+                    values[tier] *= 0.5 ** ((now - at) / LONGEST_HALF_LIFE_S)
         self._longest_cache[pool] = (now, values)
         return values
 

@@ -92,16 +92,13 @@ class TicketQueues:
         self._newest: list[list[tuple[int, int, Ticket]]] = [[] for _ in range(tiers)]
         self._due: list[list[Entry]] = [[] for _ in range(tiers)]  # deadlines per tier
         self._live: dict[Ticket, None] = {}
+        self.queued = 0  # len(_live), kept as a plain attribute: it is read on every step
         self._entries = 0
         self.depth = [0] * tiers
         self.level_depth = [[0] * levels for _ in range(tiers)]
         self.queued_s = [0.0] * tiers
         self._pool_count: dict[str, list[int]] = {}
         self._pool_s: dict[str, list[float]] = {}
-
-    @property
-    def queued(self) -> int:
-        return len(self._live)
 
     def __iter__(self) -> Iterator[Ticket]:
         return iter(list(self._live))
@@ -125,6 +122,7 @@ class TicketQueues:
         """Queue a ticket whose tier, level, arrival order, times and state the caller has
         set."""
         self._live[ticket] = None
+        self.queued = len(self._live)
         self._push(self._deadlines, ticket.deadline, ticket, ticket.order)
         if not ticket.promoted and ticket.current_tier > ticket.ceiling:
             due = ticket.arrived + self._tier_promote_after[ticket.current_tier]
@@ -136,8 +134,9 @@ class TicketQueues:
         """Take a queued ticket out; its entries go stale."""
         ticket.state = state
         del self._live[ticket]
+        self.queued = len(self._live)
         self._count(ticket, -1)
-        if self._entries > _STALE_FACTOR * len(self._live) + _COMPACT_SLACK:
+        if self._entries > _STALE_FACTOR * self.queued + _COMPACT_SLACK:
             self._compact()
 
     def levels(self, pool: str, tier: int) -> list[list[Cohort]]:
@@ -312,25 +311,26 @@ class TicketQueues:
         return cohort
 
     def _compact(self) -> None:
-        """Rebuild every heap from the live tickets."""
+        """Rebuild every heap from the live tickets (each in one pass)."""
+        self._due = [[] for _ in range(self._tiers)]
         for cohort in self._cohorts.values():
             cohort.heap = [entry for entry in cohort.heap
                          if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
             heapq.heapify(cohort.heap)
             cohort.due = [entry for entry in cohort.due
                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
+            self._due[cohort.tier] += cohort.due  # the same live entries
             heapq.heapify(cohort.due)
-        self._newest = [[(-t.order, t.epoch, t) for t in self._live if t.current_tier == tier]
-                        for tier in range(self._tiers)]
+        for due in self._due:
+            heapq.heapify(due)
+        self._newest = [[] for _ in range(self._tiers)]
+        for t in self._live:
+            self._newest[t.current_tier].append((-t.order, t.epoch, t))
         for heap in self._newest:
             heapq.heapify(heap)
         self._aging = [e for e in self._aging
                        if e[3].epoch == e[2] and e[3].state is QUEUED]
         heapq.heapify(self._aging)
-        self._due = [[(t.deadline, t.order, t.epoch, t) for t in self._live
-                      if t.current_tier == tier] for tier in range(self._tiers)]
-        for due in self._due:
-            heapq.heapify(due)
         for name in ("_promotions", "_deadlines"):
             kept = [e for e in getattr(self, name)
                     if e[3].visit == e[2] and e[3].state is QUEUED]
