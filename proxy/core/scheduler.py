@@ -345,11 +345,10 @@ class Scheduler:
         queues = self._queues
         if queues.queued and pool.free(now) > 0:
             self._catch_up(now)
-            policy = self._policy
             while queues.queued and pool.free(now) > 0:
-                chosen = policy.choose(pool, now)
+                chosen = self._policy.choose(pool, now)
                 if chosen is None:
-                    held = policy.holding
+                    held = self._policy.holding
                     break
                 ticket, gate = chosen
                 queues.discard(ticket, DISPATCHED)
