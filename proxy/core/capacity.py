@@ -50,7 +50,8 @@ class Pool:
         """Slots that may be handed out at ``now``."""
         if now < self.paused_until:
             return 0
-        self._grow(now)
+        if now >= self._grow_at:
+            self._grow(now)
         free = self.limit - self.inflight
         return free if free > 0 else 0
 

@@ -101,37 +101,36 @@ class Policy:
         """The call ``pool``'s next free slot goes to, with its gate; None: none may have it
         now (nothing eligible, or a hold keeps the slot)."""
         self.holding = 0
-        name = pool.name
-        counts = self._queues.counts(name)
-        heads: dict[int, Choice] = {}
-        urgent: int | None = None
-        for tier in self.urgency:
-            if counts[tier]:
-                head = self.head(pool, tier, now)
-                if head is not None:
-                    urgent, heads[tier] = tier, head
+        counts = self._queues.counts(pool.name)
+        urgent_head: Choice | None = None
+        for urgent in self.urgency:
+            if counts[urgent]:
+                urgent_head = self.head(pool, urgent, now)
+                if urgent_head is not None:
                     break
-        if urgent is None:
+        if urgent_head is None:
             return None
+        order: tuple[tuple[int, Choice], ...] = ((urgent, urgent_head),)
         owed = self.owed_tier(pool, counts, urgent, now)
         if owed is not None:
-            head = self.head(pool, owed, now)
-            if head is None:
-                owed = None  # its calls cannot use this provider now: urgency decides
-            else:
-                heads[owed] = head
-        order = [urgent] if owed is None else [owed, urgent]
+            owed_head = self.head(pool, owed, now)
+            if owed_head is not None:  # else its calls cannot use this provider now
+                order = ((owed, owed_head), (urgent, urgent_head))
         free = pool.free(now)
-        for tier in order:
-            if free > self.held_against(pool, tier, now) or self.used(tier, now) >= HOLD_PATIENCE:
-                if self.at_risk(tier, now):
-                    return self.head(pool, tier, now, earliest=True) or heads[tier]
-                return heads[tier]
+        headroom, reserves, running, limit = self._headroom, self.reserves, pool.running, pool.limit
+        for tier, head in order:
+            left = self._queues.earliest_deadline(tier) - now  # of its most pressed call
+            max_wait_s = self._tiers[tier].max_wait_s
+            if (free > headroom.held_against(pool.name, tier, now, reserves, running, limit)
+                    or 1.0 - left / max_wait_s >= HOLD_PATIENCE):
+                if left < self.settings.rescue_fraction * max_wait_s:  # at risk
+                    return self.head(pool, tier, now, earliest=True) or head
+                return head
         # Keep the slot for the more urgent arrivals the headroom expects; note how many of
         # the free slots the adaptive part keeps (its budget counts what it idles; what a
         # fixed reserve keeps is free of it).
-        fixed = self._headroom.held_against(name, order[-1], now, self.reserves, pool.running,
-                                            pool.limit, adaptive=False)
+        fixed = headroom.held_against(pool.name, order[-1][0], now, reserves, running, limit,
+                                      adaptive=False)
         self.holding = free - fixed if free > fixed else 0
         return None
 
@@ -144,9 +143,12 @@ class Policy:
             return None
         owed: int | None = None
         most = 1.0
+        longest: list[float] | None = None
         for tier, credit in enumerate(credits):
             if credit > 0.0 and counts[tier] and tier != urgent:
-                behind = credit / self.unit(pool, tier, now)
+                if longest is None:
+                    longest = self._longest_now(pool.name, now)
+                behind = credit / self._unit(longest, tier)
                 if behind >= most:
                     owed, most = tier, behind
         return owed
@@ -155,39 +157,59 @@ class Policy:
         """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
         candidates in this pool: the top level first and the earliest virtual start within
         it, or (``earliest``) the earliest deadline whatever the level."""
-        best: Choice | None = None
-        for level in range(self.settings.levels):
-            for cohort in self._queues.cohorts(pool.name, tier, level):
-                ticket = cohort.earliest() if earliest else cohort.head()
-                if ticket is None or (best is not None and (
-                        (ticket.deadline, ticket.order) >= (best[0].deadline, best[0].order)
-                        if earliest else
-                        (ticket.tag, ticket.order) >= (best[0].tag, best[0].order))):
+        if earliest:
+            return self._earliest(pool, tier, now)
+        name = pool.name
+        for cohorts in self._queues.levels(name, tier):
+            best: Ticket | None = None
+            gate: Gate | None = None
+            for cohort in cohorts:
+                if not cohort.heap:  # most are empty: not even a call
                     continue
-                gate = _open_gate(cohort, pool.name, now)
-                if gate is not None:
-                    best = (ticket, gate)
-            if best is not None and not earliest:
-                return best
-        return best
+                ticket = cohort.head()
+                if ticket is None:
+                    continue
+                if best is not None:  # (tag, order) against the best's: plain comparisons
+                    tag, best_tag = ticket.tag, best.tag
+                    if tag > best_tag or (tag == best_tag and ticket.order >= best.order):
+                        continue
+                found = _open_gate(cohort, name, now)
+                if found is not None:
+                    best, gate = ticket, found
+            if best is not None and gate is not None:
+                return best, gate
+        return None
 
-    def at_risk(self, tier: int, now: float) -> bool:
-        """A call of ``tier`` (on any provider) has less than ``rescue_fraction`` of the
-        tier's ``max_wait_s`` left."""
-        left = self._queues.earliest_deadline(tier) - now
-        return left < self.settings.rescue_fraction * self._tiers[tier].max_wait_s
-
-    def used(self, tier: int, now: float) -> float:
-        """How much of its ``max_wait_s`` the most pressed queued call of ``tier`` (on any
-        provider) has used."""
-        left = self._queues.earliest_deadline(tier) - now
-        return 1.0 - left / self._tiers[tier].max_wait_s
+    def _earliest(self, pool: Pool, tier: int, now: float) -> Choice | None:
+        """``head``'s earliest deadline of ``tier`` whatever the level."""
+        name = pool.name
+        best: Ticket | None = None
+        gate: Gate | None = None
+        for cohorts in self._queues.levels(name, tier):
+            for cohort in cohorts:
+                if not cohort.due:
+                    continue
+                ticket = cohort.earliest()
+                if ticket is None:
+                    continue
+                if best is not None:
+                    deadline, best_deadline = ticket.deadline, best.deadline
+                    if deadline > best_deadline or (
+                            deadline == best_deadline and ticket.order >= best.order):
+                        continue
+                found = _open_gate(cohort, name, now)
+                if found is not None:
+                    best, gate = ticket, found
+        return None if best is None or gate is None else (best, gate)
 
     def unit(self, pool: Pool, tier: int, now: float) -> float:
         """One of ``tier``'s longest recent calls on ``pool`` (the provider's, until the
         tier has one): the scale of its floor, served call by call."""
-        own = self._longest_now(pool.name, now)[tier]
-        return own if own else self.longest_call(pool, now)
+        return self._unit(self._longest_now(pool.name, now), tier)
+
+    def _unit(self, longest: list[float], tier: int) -> float:
+        own = longest[tier]
+        return own if own else max(longest) or self.settings.level_bounds_s[0]
 
     def longest_call(self, pool: Pool, now: float) -> float:
         """The longest recent call of any tier on ``pool``."""
@@ -207,9 +229,10 @@ class Policy:
         if per_tier is None:
             values = [0.0] * len(self._tiers)
         else:
-            stamps = self._longest_at_stamp[pool]
-            values = [v * 0.5 ** ((now - at) / LONGEST_HALF_LIFE_S) if now > at else v
-                      for v, at in zip(per_tier, stamps, strict=True)]
+            values = list(per_tier)
+            for tier, at in enumerate(self._longest_at_stamp[pool]):  # a loop: no frame
+                if now > at:
+                    values[tier] *= 0.5 ** ((now - at) / LONGEST_HALF_LIFE_S)
         self._longest_cache[pool] = (now, values)
         return values
 

@@ -225,7 +225,9 @@ class Scheduler:
 
     def take(self) -> Decisions:
         """The decisions made since the last call, in order: refusals, then grants."""
-        out, self._out = self._out, Decisions() if self._out else self._out  # mostly empty
+        out = self._out
+        if out.dispatches or out.rejections:  # mostly empty: kept
+            self._out = Decisions()
         return out
 
     @property
@@ -340,15 +342,16 @@ class Scheduler:
     def _fill(self, pool: Pool, now: float) -> None:
         """Hand out free slots of ``pool`` while an eligible ticket waits."""
         held = 0
-        if self._queues.queued and pool.free(now) > 0:
+        queues = self._queues
+        if queues.queued and pool.free(now) > 0:
             self._catch_up(now)
-            while self._queues.queued and pool.free(now) > 0:
+            while queues.queued and pool.free(now) > 0:
                 chosen = self._policy.choose(pool, now)
                 if chosen is None:
                     held = self._policy.holding
                     break
                 ticket, gate = chosen
-                self._queues.discard(ticket, DISPATCHED)
+                queues.discard(ticket, DISPATCHED)
                 self._dispatch(ticket, gate, now)
         self._headroom.note_idle(pool.name, now, held)
 

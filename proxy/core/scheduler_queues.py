@@ -85,23 +85,20 @@ class TicketQueues:
         self._resolve = resolve
         self._cohorts: dict[tuple[int, int, tuple[str, ...]], Cohort] = {}
         self._cohorts_for: dict[str, list[list[list[Cohort]]]] = {}
-        self._pools_of: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._rows_of: dict[tuple[str, ...], tuple[tuple[list[int], list[float]], ...]] = {}
         self._aging: list[Entry] = []
         self._promotions: list[Entry] = []
         self._deadlines: list[Entry] = []
         self._newest: list[list[tuple[int, int, Ticket]]] = [[] for _ in range(tiers)]
         self._due: list[list[Entry]] = [[] for _ in range(tiers)]  # deadlines per tier
         self._live: dict[Ticket, None] = {}
+        self.queued = 0  # len(_live), kept as a plain attribute: it is read on every step
         self._entries = 0
         self.depth = [0] * tiers
         self.level_depth = [[0] * levels for _ in range(tiers)]
         self.queued_s = [0.0] * tiers
         self._pool_count: dict[str, list[int]] = {}
         self._pool_s: dict[str, list[float]] = {}
-
-    @property
-    def queued(self) -> int:
-        return len(self._live)
 
     def __iter__(self) -> Iterator[Ticket]:
         return iter(list(self._live))
@@ -125,6 +122,7 @@ class TicketQueues:
         """Queue a ticket whose tier, level, arrival order, times and state the caller has
         set."""
         self._live[ticket] = None
+        self.queued = len(self._live)
         self._push(self._deadlines, ticket.deadline, ticket, ticket.order)
         if not ticket.promoted and ticket.current_tier > ticket.ceiling:
             due = ticket.arrived + self._tier_promote_after[ticket.current_tier]
@@ -136,13 +134,15 @@ class TicketQueues:
         """Take a queued ticket out; its entries go stale."""
         ticket.state = state
         del self._live[ticket]
+        self.queued = len(self._live)
         self._count(ticket, -1)
-        if self._entries > _STALE_FACTOR * len(self._live) + _COMPACT_SLACK:
+        if self._entries > _STALE_FACTOR * self.queued + _COMPACT_SLACK:
             self._compact()
 
-    def cohorts(self, pool: str, tier: int, level: int) -> list[Cohort]:
+    def levels(self, pool: str, tier: int) -> list[list[Cohort]]:
+        """Per level, top first, the cohorts of ``tier`` that ``pool`` could serve."""
         per_tier = self._cohorts_for.get(pool)
-        return [] if per_tier is None else per_tier[tier][level]
+        return [] if per_tier is None else per_tier[tier]
 
     def age(self, now: float) -> None:
         """Move every ticket that waited long enough at its level up one level; the move
@@ -250,18 +250,19 @@ class TicketQueues:
 
     def _join(self, ticket: Ticket) -> None:
         """Enter the cohort (and aging heap) of the ticket's tier and level."""
-        tier, level = ticket.current_tier, ticket.level
-        ticket.epoch += 1
+        tier, level, order = ticket.current_tier, ticket.level, ticket.order
+        epoch = ticket.epoch = ticket.epoch + 1
         cohort = self._cohort(tier, level, ticket.candidates)
-        heapq.heappush(cohort.heap, (ticket.tag, ticket.order, ticket.epoch, ticket))
-        heapq.heappush(cohort.due, (ticket.deadline, ticket.order, ticket.epoch, ticket))
-        heapq.heappush(self._newest[tier], (-ticket.order, ticket.epoch, ticket))
-        heapq.heappush(self._due[tier], (ticket.deadline, ticket.order, ticket.epoch, ticket))
+        due = (ticket.deadline, order, epoch, ticket)  # one entry in two heaps
+        heapq.heappush(cohort.heap, (ticket.tag, order, epoch, ticket))
+        heapq.heappush(cohort.due, due)
+        heapq.heappush(self._newest[tier], (-order, epoch, ticket))
+        heapq.heappush(self._due[tier], due)
         self._entries += 4
         if level > 0:
-            due = ticket.entered_level + self._promote_after[tier][level]
-            if math.isfinite(due):
-                heapq.heappush(self._aging, (due, ticket.order, ticket.epoch, ticket))
+            aged = ticket.entered_level + self._promote_after[tier][level]
+            if aged < math.inf:
+                heapq.heappush(self._aging, (aged, order, epoch, ticket))
                 self._entries += 1
         self._count(ticket, +1)
 
@@ -278,19 +279,23 @@ class TicketQueues:
             self._on_count(tier, ticket.key, delta)
         self.depth[tier] += delta
         self.level_depth[tier][ticket.level] += delta
-        self.queued_s[tier] += delta * ticket.est_service_s
-        for pool in self._pools(ticket.candidates):
-            self._pool_count[pool][tier] += delta
-            self._pool_s[pool][tier] += delta * ticket.est_service_s
+        seconds = delta * ticket.est_service_s
+        self.queued_s[tier] += seconds
+        rows = self._rows_of.get(ticket.candidates)
+        if rows is None:
+            rows = self._rows(ticket.candidates)
+        for counts, pool_s in rows:
+            counts[tier] += delta
+            pool_s[tier] += seconds
 
-    def _pools(self, candidates: tuple[str, ...]) -> tuple[str, ...]:
-        pools = self._pools_of.get(candidates)
-        if pools is None:
-            pools = self._pools_of[candidates] = tuple(self._resolve(candidates))
-            for pool in pools:
-                self._pool_count.setdefault(pool, [0] * self._tiers)
-                self._pool_s.setdefault(pool, [0.0] * self._tiers)
-        return pools
+    def _rows(self, candidates: tuple[str, ...]) -> tuple[tuple[list[int], list[float]], ...]:
+        """Per pool the candidates could use, its counts and seconds per tier."""
+        rows = []
+        for pool in self._resolve(candidates):
+            rows.append((self._pool_count.setdefault(pool, [0] * self._tiers),
+                         self._pool_s.setdefault(pool, [0.0] * self._tiers)))
+        found = self._rows_of[candidates] = tuple(rows)
+        return found
 
     def _cohort(self, tier: int, level: int, candidates: tuple[str, ...]) -> Cohort:
         cohort = self._cohorts.get((tier, level, candidates))
@@ -306,25 +311,26 @@ class TicketQueues:
         return cohort
 
     def _compact(self) -> None:
-        """Rebuild every heap from the live tickets."""
+        """Rebuild every heap from the live tickets (each in one pass)."""
+        self._due = [[] for _ in range(self._tiers)]
         for cohort in self._cohorts.values():
             cohort.heap = [entry for entry in cohort.heap
                          if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
             heapq.heapify(cohort.heap)
             cohort.due = [entry for entry in cohort.due
                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
+            self._due[cohort.tier] += cohort.due  # the same live entries
             heapq.heapify(cohort.due)
-        self._newest = [[(-t.order, t.epoch, t) for t in self._live if t.current_tier == tier]
-                        for tier in range(self._tiers)]
+        for due in self._due:
+            heapq.heapify(due)
+        self._newest = [[] for _ in range(self._tiers)]
+        for t in self._live:
+            self._newest[t.current_tier].append((-t.order, t.epoch, t))
         for heap in self._newest:
             heapq.heapify(heap)
         self._aging = [e for e in self._aging
                        if e[3].epoch == e[2] and e[3].state is QUEUED]
         heapq.heapify(self._aging)
-        self._due = [[(t.deadline, t.order, t.epoch, t) for t in self._live
-                      if t.current_tier == tier] for tier in range(self._tiers)]
-        for due in self._due:
-            heapq.heapify(due)
         for name in ("_promotions", "_deadlines"):
             kept = [e for e in getattr(self, name)
                     if e[3].visit == e[2] and e[3].state is QUEUED]

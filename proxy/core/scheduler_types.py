@@ -184,7 +184,8 @@ class Ticket:
 
     def validate(self, tiers: int) -> None:
         """Refuse a submission that makes no sense (ValueError)."""
-        if self.state not in (NEW, RELEASED):
+        state = self.state
+        if state is not NEW and state is not RELEASED:
             raise ValueError("only a new ticket, or one whose slot came back, can be queued")
         if not 0 <= self.tier < tiers:
             raise ValueError(f"tier {self.tier} out of range")
