@@ -8,6 +8,9 @@
   ``--workers 3`` on one port, against one fast fake upstream; targets alternated round by
   round. On a 2-core machine the load generator and the upstream share the cores with
   the proxy's processes: read the ratios, not the absolute numbers.
+- Under the proxy (``--under-proxy``): the same load on the redis backend, 1 process, and
+  what ``proxy_shared_admission_seconds`` on its ``/metrics`` counted meanwhile; with
+  ``--against DIR``, alternated with the proxy of another checkout (its code, this venv).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import statistics
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import orjson
 import redis
 from bench_common import (
     REQUEST_TIMEOUT_S,
+    ROOT,
     WARMUP_S,
     Children,
     Load,
@@ -149,6 +154,57 @@ def throughput(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def admitted(base_url: str) -> dict[str, float]:
+    """``proxy_shared_admission_seconds`` on ``/metrics``: each bucket's cumulative count
+    by its bound, and ``sum`` and ``count``."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("proxy_shared_admission_seconds_bucket"):
+            found[name.split('le="')[1].rstrip('"}')] = float(value)
+        elif name in ("proxy_shared_admission_seconds_sum",
+                      "proxy_shared_admission_seconds_count"):
+            found[name.rsplit("_", 1)[1]] = float(value)
+    return found
+
+
+def under_proxy(args: argparse.Namespace) -> list[str]:
+    python, me = sys.executable, str(Path(__file__).resolve())
+    trees = {"this tree": ROOT} | ({"against": Path(args.against).resolve()}
+                                  if args.against else {})
+    lines = []
+    with children("bench-admission-") as kids:
+        kids.start("upstream", [python, me, "--role", "upstream"])
+        upstream = kids.wait_listening("upstream")
+        kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
+        bases = {}
+        for name, tree in trees.items():
+            file = kids.logs / f"{name.replace(' ', '_')}.yaml"
+            file.write_text(config(upstream, "redis", f"bench-{uuid.uuid4().hex[:8]}"))
+            kids.start(name, [python, "-m", "proxy", "serve", "--config", str(file), "--port",
+                              "0", "--log-level", "WARNING"], cwd=tree)
+            bases[name] = kids.wait_listening(name)
+        time.sleep(3.0)  # beating
+        lines.append(f"{'proxy':<12}{'round':>6}{'req/s':>8}{'mean ms':>9}"
+                     f"{'<=0.5ms':>9}{'<=1ms':>8}{'<=2ms':>8}{'<=5ms':>8}")
+        for number in range(args.rounds):
+            for name, base in bases.items():
+                before = admitted(base)
+                sample = measure(kids, base + "/v1/chat/completions", args.connections,
+                                 args.duration)
+                after = admitted(base)
+                got = {k: after[k] - before.get(k, 0.0) for k in after}
+                count = max(got["count"], 1.0)
+                lines.append(
+                    f"{name:<12}{number + 1:>6}{sample.rps:>8.0f}"
+                    f"{got['sum'] / count * 1000:>9.2f}"
+                    + "".join(f"{got[bound] / count:>{width}.1%}" for bound, width in
+                              (("0.0005", 9), ("0.001", 8), ("0.002", 8), ("0.005", 8))))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +214,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--admission-only", action="store_true",
                         help="measure admission, not throughput")
+    parser.add_argument("--under-proxy", action="store_true",
+                        help="measure admission under the proxy, not throughput")
+    parser.add_argument("--against", metavar="DIR",
+                        help="with --under-proxy: alternate with the proxy in DIR")
     args = parser.parse_args()
     if args.role == "loadgen":
         serve_loads()
@@ -167,6 +227,12 @@ def main() -> None:
             runner.run(serve_until_signalled(upstream_app()))
         return
     print(f"machine: {machine()}")
+    if args.under_proxy:
+        print(f"admission under the proxy: closed loop, {args.connections} conns, "
+              f"{args.rounds} rounds x {args.duration:g} s, proxies alternated")
+        for line in under_proxy(args):
+            print(line)
+        return
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         for callers in (1, 32):
             before = scripts_run()
