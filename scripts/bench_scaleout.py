@@ -44,9 +44,12 @@ from bench_common import (
 )
 
 from proxy.config.state import StateSettings
+from proxy.state import batcher
+from proxy.state.batcher import HANDOFF_S
 from proxy.state.shared import RedisState
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+ADMISSIONS = 5000
 BODY = orjson.dumps({"model": "bench-model", "max_tokens": 16,
                      "messages": [{"role": "user", "content": "Say hello in five words."}]})
 HEADERS = {"Content-Type": "application/json"}
@@ -54,8 +57,9 @@ TARGETS = {"memory x1": ("memory", 1), "redis x1": ("redis", 1),
            "redis --workers 2": ("redis", 2), "redis --workers 3": ("redis", 3)}
 
 
-async def admission(calls: int, callers: int) -> tuple[float, float]:
-    """p50, p99 of one lease with a free slot, in ms."""
+async def admission(calls: int, callers: int) -> tuple[float, float, int]:
+    """p50, p99 of one lease with a free slot, in ms, and how many were handed over from
+    a call that had just ended (``proxy.state.batcher``)."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     state = RedisState(StateSettings(backend="redis", url=REDIS_URL, prefix=prefix), "bench")
     state.configure({"p": 1_000_000}, [])
@@ -79,7 +83,7 @@ async def admission(calls: int, callers: int) -> tuple[float, float]:
         if keys:
             client.delete(*keys)
     took.sort()
-    return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000
+    return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000, state.handed
 
 
 def scripts_run() -> tuple[int, int]:
@@ -234,13 +238,16 @@ def main() -> None:
             print(line)
         return
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        for callers in (1, 32):
+        for callers, handing in ((1, True), (32, True), (32, False)):
+            batcher.HANDOFF_S = HANDOFF_S if handing else -1.0
             before = scripts_run()
-            p50, p99 = runner.run(admission(5000, callers))
+            p50, p99, handed = runner.run(admission(ADMISSIONS, callers))
             calls, usec = (a - b for a, b in zip(scripts_run(), before, strict=True))
-            print(f"admission through Redis, {callers:>2} at once: p50 {p50:.3f} ms, "
-                  f"p99 {p99:.3f} ms (memory backend: none); Redis ran {calls} scripts, "
-                  f"{usec / max(calls, 1):.0f} µs each")
+            print(f"admission through Redis, {callers:>2} at once"
+                  f"{'' if handing else ', none handed over'}: p50 {p50:.3f} ms, "
+                  f"p99 {p99:.3f} ms (memory backend: none); "
+                  f"{100 * handed / ADMISSIONS:.0f} % handed over; Redis ran {calls} "
+                  f"scripts, {usec / max(calls, 1):.0f} µs each")
     if args.admission_only:
         return
     print(f"throughput: closed loop, {args.connections} conns, {args.rounds} rounds x "
