@@ -63,10 +63,11 @@ class Children:
     logs: Path
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str], *, stdin: bool = False) -> subprocess.Popen[str]:
+    def start(self, name: str, argv: list[str], *, stdin: bool = False,
+              cwd: Path = ROOT) -> subprocess.Popen[str]:
         with (self.logs / f"{name}.log").open("w") as log:
             proc = subprocess.Popen(
-                argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=log,
+                argv, cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=log,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=die_with_parent,
             )

@@ -8,6 +8,9 @@
   ``--workers 3`` on one port, against one fast fake upstream; targets alternated round by
   round. On a 2-core machine the load generator and the upstream share the cores with
   the proxy's processes: read the ratios, not the absolute numbers.
+- Under the proxy (``--under-proxy``): the same load on the redis backend, 1 process, and
+  what ``proxy_shared_admission_seconds`` on its ``/metrics`` counted meanwhile; with
+  ``--against DIR``, alternated with the proxy of another checkout (its code, this venv).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import statistics
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import orjson
 import redis
 from bench_common import (
     REQUEST_TIMEOUT_S,
+    ROOT,
     WARMUP_S,
     Children,
     Load,
@@ -39,9 +44,12 @@ from bench_common import (
 )
 
 from proxy.config.state import StateSettings
+from proxy.state import batcher
+from proxy.state.batcher import HANDOFF_S
 from proxy.state.shared import RedisState
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+ADMISSIONS = 5000
 BODY = orjson.dumps({"model": "bench-model", "max_tokens": 16,
                      "messages": [{"role": "user", "content": "Say hello in five words."}]})
 HEADERS = {"Content-Type": "application/json"}
@@ -49,8 +57,9 @@ TARGETS = {"memory x1": ("memory", 1), "redis x1": ("redis", 1),
            "redis --workers 2": ("redis", 2), "redis --workers 3": ("redis", 3)}
 
 
-async def admission(calls: int, callers: int) -> tuple[float, float]:
-    """p50, p99 of one lease with a free slot, in ms."""
+async def admission(calls: int, callers: int) -> tuple[float, float, int]:
+    """p50, p99 of one lease with a free slot, in ms, and how many were handed over from
+    a call that had just ended (``proxy.state.batcher``)."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     state = RedisState(StateSettings(backend="redis", url=REDIS_URL, prefix=prefix), "bench")
     state.configure({"p": 1_000_000}, [])
@@ -74,7 +83,7 @@ async def admission(calls: int, callers: int) -> tuple[float, float]:
         if keys:
             client.delete(*keys)
     took.sort()
-    return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000
+    return percentile(took, 0.5) * 1000, percentile(took, 0.99) * 1000, state.handed
 
 
 def scripts_run() -> tuple[int, int]:
@@ -149,6 +158,57 @@ def throughput(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def admitted(base_url: str) -> dict[str, float]:
+    """``proxy_shared_admission_seconds`` on ``/metrics``: each bucket's cumulative count
+    by its bound, and ``sum`` and ``count``."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("proxy_shared_admission_seconds_bucket"):
+            found[name.split('le="')[1].rstrip('"}')] = float(value)
+        elif name in ("proxy_shared_admission_seconds_sum",
+                      "proxy_shared_admission_seconds_count"):
+            found[name.rsplit("_", 1)[1]] = float(value)
+    return found
+
+
+def under_proxy(args: argparse.Namespace) -> list[str]:
+    python, me = sys.executable, str(Path(__file__).resolve())
+    trees = {"this tree": ROOT} | ({"against": Path(args.against).resolve()}
+                                  if args.against else {})
+    lines = []
+    with children("bench-admission-") as kids:
+        kids.start("upstream", [python, me, "--role", "upstream"])
+        upstream = kids.wait_listening("upstream")
+        kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
+        bases = {}
+        for name, tree in trees.items():
+            file = kids.logs / f"{name.replace(' ', '_')}.yaml"
+            file.write_text(config(upstream, "redis", f"bench-{uuid.uuid4().hex[:8]}"))
+            kids.start(name, [python, "-m", "proxy", "serve", "--config", str(file), "--port",
+                              "0", "--log-level", "WARNING"], cwd=tree)
+            bases[name] = kids.wait_listening(name)
+        time.sleep(3.0)  # beating
+        lines.append(f"{'proxy':<12}{'round':>6}{'req/s':>8}{'mean ms':>9}"
+                     f"{'<=0.5ms':>9}{'<=1ms':>8}{'<=2ms':>8}{'<=5ms':>8}")
+        for number in range(args.rounds):
+            for name, base in bases.items():
+                before = admitted(base)
+                sample = measure(kids, base + "/v1/chat/completions", args.connections,
+                                 args.duration)
+                after = admitted(base)
+                got = {k: after[k] - before.get(k, 0.0) for k in after}
+                count = max(got["count"], 1.0)
+                lines.append(
+                    f"{name:<12}{number + 1:>6}{sample.rps:>8.0f}"
+                    f"{got['sum'] / count * 1000:>9.2f}"
+                    + "".join(f"{got[bound] / count:>{width}.1%}" for bound, width in
+                              (("0.0005", 9), ("0.001", 8), ("0.002", 8), ("0.005", 8))))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +218,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--admission-only", action="store_true",
                         help="measure admission, not throughput")
+    parser.add_argument("--under-proxy", action="store_true",
+                        help="measure admission under the proxy, not throughput")
+    parser.add_argument("--against", metavar="DIR",
+                        help="with --under-proxy: alternate with the proxy in DIR")
     args = parser.parse_args()
     if args.role == "loadgen":
         serve_loads()
@@ -167,14 +231,23 @@ def main() -> None:
             runner.run(serve_until_signalled(upstream_app()))
         return
     print(f"machine: {machine()}")
+    if args.under_proxy:
+        print(f"admission under the proxy: closed loop, {args.connections} conns, "
+              f"{args.rounds} rounds x {args.duration:g} s, proxies alternated")
+        for line in under_proxy(args):
+            print(line)
+        return
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        for callers in (1, 32):
+        for callers, handing in ((1, True), (32, True), (32, False)):
+            batcher.HANDOFF_S = HANDOFF_S if handing else -1.0
             before = scripts_run()
-            p50, p99 = runner.run(admission(5000, callers))
+            p50, p99, handed = runner.run(admission(ADMISSIONS, callers))
             calls, usec = (a - b for a, b in zip(scripts_run(), before, strict=True))
-            print(f"admission through Redis, {callers:>2} at once: p50 {p50:.3f} ms, "
-                  f"p99 {p99:.3f} ms (memory backend: none); Redis ran {calls} scripts, "
-                  f"{usec / max(calls, 1):.0f} µs each")
+            print(f"admission through Redis, {callers:>2} at once"
+                  f"{'' if handing else ', none handed over'}: p50 {p50:.3f} ms, "
+                  f"p99 {p99:.3f} ms (memory backend: none); "
+                  f"{100 * handed / ADMISSIONS:.0f} % handed over; Redis ran {calls} "
+                  f"scripts, {usec / max(calls, 1):.0f} µs each")
     if args.admission_only:
         return
     print(f"throughput: closed loop, {args.connections} conns, {args.rounds} rounds x "

@@ -45,6 +45,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_semantic_shared": (("e2e", "redis"), "the semantic cache's entries shared through "
                              "a real Redis (and one the test stops); the real `serve`"),
     "test_state_scripts": (("e2e", "redis"), "the Lua scripts, run by a real Redis"),
+    "test_handover": (("e2e", "redis"), "leases handed from call to call, on a real Redis"),
     "test_shared_answers": (("e2e", "redis"), "replicas of `serve` sharing cached answers "
                             "and response homes through one Redis"),
     "test_budgets_shared": (("e2e", "redis"), "budgets on a real Redis, and `serve` replicas"),

@@ -29,6 +29,7 @@ class Lua:
         self._rate = client.register_script(scripts.RATE)
         self._cut = client.register_script(scripts.CUT)
         self.beats: dict[str, int] = {}
+        self.clear: list[str] = []  # the last batch's providers nobody waits for
 
     def batch(self, releases: list[tuple[str, int]],
               acquires: list[tuple[str, int, int, int, str, float, int]],
@@ -36,7 +37,8 @@ class Lua:
         args: list[Any] = [
             self.p, ttl, orjson.dumps([(provider, member, limit) for member, limit in releases]),
             orjson.dumps([(provider, *acquire) for acquire in acquires])]
-        return [int(flag) for flag in self._batch(args=args) or ""]
+        flags, self.clear = self._batch(args=args)
+        return [int(flag) for flag in flags]
 
     def acquire(self, member: str, limit: int = 2, rank: int = 0, waited_ms: int = 0,
                 ttl: int = TTL, key: str = "", weight: float = 1.0, claim_ms: int = 0) -> int:
@@ -336,7 +338,9 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
     """Whatever the asks (a holder's again, too), releases, withdrawals and 429 cuts, several
     in one batch (the fast path for a free slot included): leases never above the limit, no
     free slot while a call waits, a call granted while a more urgent one keeps waiting
-    never, and a call given back or withdrawn is neither a lease nor a waiter afterwards."""
+    never, and a call given back or withdrawn is neither a lease nor a waiter afterwards.
+    A provider the batch answers as clear (a replica may hand a lease it gives back to its
+    next call) has no waiter and no more leases than the batch's limit and the cut."""
     with prefixed() as (client, prefix):
         lua = Lua(client, prefix)
         lua.beat("a")
@@ -354,7 +358,10 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
                     rank_of[member] = value
                     asks.append((member, limit, value, 0, "", 1.0, 0))
                 elif op in ("end", "leave") and (chosen := held if op == "end" else waiting):
-                    releases.append((chosen[value % len(chosen)], limit))
+                    member = chosen[value % len(chosen)]
+                    releases.append((member, limit))
+                    # as the batcher does: a call given back is not asked for after all
+                    asks = [ask for ask in asks if ask[0] != member]
                 elif op == "again" and held:  # as a waiter Redis lost asks again
                     member = held[value % len(held)]
                     if (member, limit) not in releases:
@@ -366,6 +373,8 @@ def test_slots_never_pass_the_limit_none_idle_while_a_call_waits_and_none_out_of
             cap = min(limit, int(cut)) if cut else limit
             leases = lua.leases()
             waiters = list(client.zrange(lua.p + "waiters:p", 0, -1))
+            if releases or asks:
+                assert (lua.clear == ["p"]) == (not waiters and len(leases) <= cap)
             newly = [m for m in leases if m not in held]
             assert len(leases) <= limit and (not newly or len(leases) <= cap)
             if waiters:

@@ -31,6 +31,7 @@ def replica_id() -> str:
 class Lease:
     member: str
     provider: str
+    turn: int = 0  # the redis backend's: which call holds a lease handed from one to another
 
 
 class Hooks(Protocol):

@@ -83,9 +83,10 @@ end
 # limit], an acquire [provider, member, limit, rank, waited_ms, key, weight, claim_ms].
 # Answers one flag per acquire, as one string ("101"; one line for the client to read):
 # 1 granted, 0 waiting (its replica is woken through its wake list when a slot is handed
-# to it). Releasing twice, or a member never seen, is harmless;
-# releasing a waiter withdraws it. Releases go first, so a slot given back in the same batch
-# is handed to the best waiter, not the batch's next.
+# to it); and the batch's providers that nobody waits for, within their limit. Releasing
+# twice, or a member never seen, is harmless; releasing a waiter withdraws it. Releases go
+# first, so a slot given back in the same batch is handed to the best waiter, not the
+# batch's next.
 BATCH = _NOW + _REBUILD + _SWEEP + """
 local p, ttl = ARGV[1], tonumber(ARGV[2])
 -- every replica beats before it serves: no replicas means Redis lost them
@@ -144,7 +145,8 @@ local function take(prov)
   end
 end
 local granted = {}
-for _, ask in ipairs(cjson.decode(ARGV[4])) do
+local asks = cjson.decode(ARGV[4])
+for _, ask in ipairs(asks) do
   local prov, member, limit = ask[1], ask[2], ask[3]
   local lk = p .. 'leases:' .. prov
   local left = free(prov, limit)
@@ -177,7 +179,22 @@ for _, ask in ipairs(cjson.decode(ARGV[4])) do
   granted[#granted + 1] = flag
 end
 for prov in pairs(taken) do take(prov) end
-return table.concat(granted)
+-- The providers of this batch nobody waits for, their leases within the lowest limit the
+-- batch gave them: the replica may hand a lease it gives back to its next call (batcher).
+local lowest, clear = {}, {}
+for prov, limit in pairs(swept) do lowest[prov] = limit end
+for _, ask in ipairs(asks) do lowest[ask[1]] = math.min(ask[3], lowest[ask[1]] or ask[3]) end
+if not frozen then
+  for prov, limit in pairs(lowest) do
+    local cut = redis.call('GET', p .. 'limit:' .. prov)
+    if cut then limit = math.min(limit, tonumber(cut)) end
+    if redis.call('EXISTS', p .. 'waiters:' .. prov) == 0
+        and redis.call('ZCARD', p .. 'leases:' .. prov) <= limit then
+      clear[#clear + 1] = prov
+    end
+  end
+end
+return {table.concat(granted), clear}
 """
 
 # One replica's heartbeat and safety sweep. ARGV: prefix, replica, ttl_ms, recreate (1:

@@ -10,6 +10,8 @@ every replica through one Redis (``redis.asyncio``), each change one Lua script
   the waiter's replica's wake list, which that replica watches with a blocking pop. The
   heartbeat (every second, or a third of the TTL) is the safety sweep: it finds grants
   whose wake was lost, waiters Redis lost, slots of dead replicas, and open breakers.
+- A slot given back before its batch goes out may go to this replica's next call for it,
+  if Redis said just now that nobody waits (``proxy.state.batcher``: ``hand_over``).
 - When Redis cannot be reached the proxy does what ``on_error`` says (a per-replica share
   of each limit, or 503), and is back in shared mode two heartbeats after Redis is.
 - The keys' spend budgets are ``proxy.state.budgets``'s, on this link; each heartbeat Redis
@@ -71,6 +73,9 @@ class RedisState:
         self._rates = SharedRates(link)
         self._budgets: SharedBudgets | None = None
         self._seq = itertools.count()
+        self._turn = itertools.count(1)
+        self._turns: dict[str, int] = {}  # a lease handed on → the holding call's turn
+        self.handed = 0  # leases handed from a call to the next without Redis
         self._beats = -1  # the last heartbeat Redis answered: what the ``seen`` key holds
         self._held: dict[str, str] = {}  # member → provider
         self._unwritten: set[str] = set()  # held leases Redis has not seen (noted without it)
@@ -80,6 +85,7 @@ class RedisState:
                                 self._ttl_ms, lambda: self._limits, self._batch_failed,
                                 REDIS_ERRORS)
         self._ask = self._batcher.ask
+        self._hand_over = self._batcher.hand_over
         self._give_back = self._batcher.give_back
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
@@ -161,6 +167,11 @@ class RedisState:
         after ``timeout_s``, StateUnavailable without Redis if ``on_error`` is reject."""
         if self.mode != "shared":
             return self._noted(provider)
+        if (member := self._hand_over(provider, limit)) is not None:
+            self._held[member] = provider
+            self._turns[member] = turn = next(self._turn)
+            self.handed += 1
+            return Lease(member, provider, turn)
         member = f"{self.replica}|{next(self._seq)}|{provider}"
         future = asyncio.get_running_loop().create_future()
         claim_ms = int(claim_s * 1000)
@@ -207,11 +218,16 @@ class RedisState:
 
     def release(self, lease: Lease) -> None:
         """Give the slot back (on every path; a second call does nothing). While Redis is
-        away nothing is sent: a lease Redis still holds expires, unrefreshed."""
+        away nothing is sent: a lease Redis still holds expires, unrefreshed. A lease
+        handed on to another call since is that call's to give back."""
+        if self._turns.get(lease.member, 0) != lease.turn:
+            return
+        self._turns.pop(lease.member, None)
+        written = lease.member not in self._unwritten
         self._unwritten.discard(lease.member)
         if self._held.pop(lease.member, None) is not None and (
                 self.mode == "shared" or self._link.returning):
-            self._give_back(lease.member, lease.provider)
+            self._give_back(lease.member, lease.provider, self.mode == "shared" and written)
 
     def _noted(self, provider: str) -> Lease:
         self._check_reject()
@@ -377,6 +393,7 @@ class RedisState:
             "backend": "redis", "url": self.settings.shown_url, "prefix": self.settings.prefix,
             "replica": self.replica, **self._link.status(),
             "lease_ttl_s": self.settings.lease_ttl_s, "leases_held": len(self._held),
-            "waiting": len(self._waiting), "rebuilt": self.rebuilt,
+            "waiting": len(self._waiting), "leases_handed_over": self.handed,
+            "rebuilt": self.rebuilt,
             "answers_errors": self.answers.errors,
         }
