@@ -147,3 +147,31 @@ async def _handed(ops: list[tuple[str, int, int]], limit: int) -> None:
         assert await a.client.zcard(leases) == 0
         assert await a.client.zcard(leases.replace("leases", "waiters")) == 0
         assert not a._held and not b._held
+
+
+async def test_no_lease_is_handed_over_across_a_heartbeat() -> None:
+    """A heartbeat that finds Redis forgot this replica removes its leases not held, given
+    back ones too: once one is sent, no answer from before it may hand such a lease on."""
+    loop = asyncio.get_running_loop()
+    answers: list[asyncio.Future[list[object]]] = [loop.create_future() for _ in range(3)]
+    waiting = list(answers)
+
+    async def script(args: list[object]) -> list[object]:
+        return await waiting.pop(0)
+
+    sender = batcher.Batcher(script, "t:", 3000, lambda: {"p": 2}, lambda *_: None,
+                             (ConnectionError,))
+    answers[0].set_result(["1", ["p"]])  # the first batch: nobody waits for p
+    assert await sender.ask("p", "a|1|p", 2, 0, 0) == 1
+    second = sender.ask("p", "a|2|p", 2, 0, 0)  # a second batch goes out, and waits
+    await asyncio.sleep(0)
+    sender.give_back("a|1|p", "p", held=True)  # given back while it is out
+    assert sender.hand_over("p", 2) == "a|1|p"  # what the first batch said still holds
+    sender.give_back("a|1|p", "p", held=True)
+    sender.distrust()  # a heartbeat is sent
+    assert sender.hand_over("p", 2) is None
+    answers[1].set_result(["1", ["p"]])  # the second batch, run before the heartbeat
+    assert await second == 1
+    assert sender.hand_over("p", 2) is None  # its release went in the next batch at once
+    answers[2].set_result(["", ["p"]])
+    await asyncio.sleep(0)

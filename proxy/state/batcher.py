@@ -78,6 +78,13 @@ class Batcher:
         del self._releases[member]
         return member
 
+    def distrust(self) -> None:
+        """A heartbeat is on its way: one that finds Redis forgot this replica removes its
+        leases not held, given-back ones too, so what earlier batches said hands nothing
+        over. (One given back while a batch is out goes in the next batch, sent as soon as
+        that one answers: that answer cannot hand it over either.)"""
+        self._clear.clear()
+
     def _send_soon(self) -> None:
         if self.sender is None or self.sender.done():
             self.sender = asyncio.ensure_future(self._send())

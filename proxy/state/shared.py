@@ -10,8 +10,7 @@ every replica through one Redis (``redis.asyncio``), each change one Lua script
   the waiter's replica's wake list, which that replica watches with a blocking pop. The
   heartbeat (every second, or a third of the TTL) is the safety sweep: it finds grants
   whose wake was lost, waiters Redis lost, slots of dead replicas, and open breakers.
-- A slot given back before its batch goes out may go to this replica's next call for it,
-  if Redis said just now that nobody waits (``proxy.state.batcher``: ``hand_over``).
+- A slot given back but not sent yet may go to the next call here (``batcher.hand_over``).
 - When Redis cannot be reached the proxy does what ``on_error`` says (a per-replica share
   of each limit, or 503), and is back in shared mode two heartbeats after Redis is.
 - The keys' spend budgets are ``proxy.state.budgets``'s, on this link; each heartbeat Redis
@@ -303,6 +302,7 @@ class RedisState:
 
     async def _beat(self) -> None:
         link = self._link
+        self._batcher.distrust()
         args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(link.rebuild),
                                  self._beats + 1, self._beats, len(self._limits)]
         for name, limit in self._limits.items():
