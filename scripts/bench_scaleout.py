@@ -124,22 +124,33 @@ def measure(kids: Children, url: str, connections: int, duration_s: float) -> Sa
     return Sample(**orjson.loads(line))
 
 
+def load(kids: Children) -> str:
+    """The fake upstream and the load generator started; the upstream's URL."""
+    me = str(Path(__file__).resolve())
+    kids.start("upstream", [sys.executable, me, "--role", "upstream"])
+    upstream = kids.wait_listening("upstream")
+    kids.start("loadgen", [sys.executable, me, "--role", "loadgen"], stdin=True)
+    return upstream
+
+
+def proxy(kids: Children, name: str, upstream: str, backend: str, workers: int = 1,
+          tree: Path = ROOT) -> str:
+    """``serve`` (of the checkout ``tree``) on a fresh prefix, started; its base URL."""
+    file = kids.logs / f"{name.replace(' ', '_')}.yaml"
+    file.write_text(config(upstream, backend, f"bench-{uuid.uuid4().hex[:8]}"))
+    kids.start(name, [sys.executable, "-m", "proxy", "serve", "--config", str(file),
+                      "--port", "0", "--log-level", "WARNING", "--workers", str(workers)],
+               cwd=tree)
+    return kids.wait_listening(name)
+
+
 def throughput(args: argparse.Namespace) -> list[str]:
-    python, me = sys.executable, str(Path(__file__).resolve())
     path = "/v1/chat/completions"
     lines = []
     with children("bench-scaleout-") as kids:
-        kids.start("upstream", [python, me, "--role", "upstream"])
-        upstream = kids.wait_listening("upstream")
-        kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
-        urls = {}
-        for name, (backend, workers) in TARGETS.items():
-            file = kids.logs / f"{name.replace(' ', '_')}.yaml"
-            file.write_text(config(upstream, backend, f"bench-{uuid.uuid4().hex[:8]}"))
-            kids.start(name, [python, "-m", "proxy", "serve", "--config", str(file),
-                              "--port", "0", "--log-level", "WARNING",
-                              "--workers", str(workers)])
-            urls[name] = kids.wait_listening(name) + path
+        upstream = load(kids)
+        urls = {name: proxy(kids, name, upstream, backend, workers) + path
+                for name, (backend, workers) in TARGETS.items()}
         time.sleep(3.0)  # every worker up and beating
         runs: dict[str, list[Sample]] = {name: [] for name in TARGETS}
         for _ in range(args.rounds):
@@ -175,21 +186,13 @@ def admitted(base_url: str) -> dict[str, float]:
 
 
 def under_proxy(args: argparse.Namespace) -> list[str]:
-    python, me = sys.executable, str(Path(__file__).resolve())
     trees = {"this tree": ROOT} | ({"against": Path(args.against).resolve()}
                                   if args.against else {})
     lines = []
     with children("bench-admission-") as kids:
-        kids.start("upstream", [python, me, "--role", "upstream"])
-        upstream = kids.wait_listening("upstream")
-        kids.start("loadgen", [python, me, "--role", "loadgen"], stdin=True)
-        bases = {}
-        for name, tree in trees.items():
-            file = kids.logs / f"{name.replace(' ', '_')}.yaml"
-            file.write_text(config(upstream, "redis", f"bench-{uuid.uuid4().hex[:8]}"))
-            kids.start(name, [python, "-m", "proxy", "serve", "--config", str(file), "--port",
-                              "0", "--log-level", "WARNING"], cwd=tree)
-            bases[name] = kids.wait_listening(name)
+        upstream = load(kids)
+        bases = {name: proxy(kids, name, upstream, "redis", tree=tree)
+                 for name, tree in trees.items()}
         time.sleep(3.0)  # beating
         lines.append(f"{'proxy':<12}{'round':>6}{'req/s':>8}{'mean ms':>9}"
                      f"{'<=0.5ms':>9}{'<=1ms':>8}{'<=2ms':>8}{'<=5ms':>8}")
