@@ -209,11 +209,14 @@ class Policy:
 
     def _unit(self, longest: list[float], tier: int) -> float:
         own = longest[tier]
-        return own if own else max(longest) or self.settings.level_bounds_s[0]
+        return own if own else self._longest_of(longest)
 
     def longest_call(self, pool: Pool, now: float) -> float:
         """The longest recent call of any tier on ``pool``."""
-        return max(self._longest_now(pool.name, now)) or self.settings.level_bounds_s[0]
+        return self._longest_of(self._longest_now(pool.name, now))
+
+    def _longest_of(self, longest: list[float]) -> float:
+        return max(longest) or self.settings.level_bounds_s[0]
 
     def credit_cap(self, pool: Pool, now: float) -> float:
         """No tier's floor credit grows past this many slot-seconds on ``pool``."""
