@@ -15,6 +15,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
+from ..base import edge
 from .head import Head
 from .lane_events import LaneEvents
 
@@ -63,9 +64,12 @@ class FastRequest:
         return URL.build(path=self.path, encoded=True)
 
     async def read(self) -> bytes:
+        """The whole body; if it is still coming, within ``edge.BODY_WAIT_S`` (else
+        ``BodyTimeout``): a timer only for a body that is not in yet."""
         if self._body is None:
             self._waiter = self._protocol.loop.create_future()
-            await self._waiter
+            async with edge.arriving(edge.BODY_WAIT_S):
+                await self._waiter
             assert self._body is not None
         return self._body
 
