@@ -44,6 +44,7 @@ class ProxyError(Exception):
     type = "server_error"
     code = "internal_error"
     retryable: bool | None = None  # the default of x-should-retry; None sends nothing
+    closes = False  # the answer closes the connection (what follows may not be a request)
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class RequestTooLarge(ProxyError):
 class BodyTimeout(ProxyError):
     status = 408
     retryable = True
+    closes = True  # the rest of its body may still come
     type = "invalid_request_error"
     code = "request_timeout"
 

@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ...core.errors import BodyTimeout, InvalidRequest, ProxyError, RequestTooLarge
+from ...core.errors import InvalidRequest, ProxyError, RequestTooLarge
 from ..base.access import CallRecord
 from ..base.edge import Incoming, client_request_id
 from ..base.keys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
@@ -57,7 +57,7 @@ def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.
         body=orjson.dumps(error.body()), status=error.status,
         content_type="application/json", headers=headers,
     )
-    if isinstance(error, BodyTimeout):  # the rest of its body may still come: not a request
+    if error.closes:
         response.force_close()
     return response
 
