@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="each bound's figures and the disciplines side by side")
     board.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     board.add_argument("--markdown", action="store_true", help="the table in Markdown")
+    board.add_argument("--seeds", type=int, default=1, metavar="N",
+                       help="each scenario drawn with seeds 0 to N-1 and judged on all their "
+                            "calls together (default 1: the scoreboard's own calls)")
     fitting = commands.add_parser(
         "fit", help="fit each provider's simulate: timing from a JSON access log")
     fitting.add_argument("--log", required=True, help="the proxy's JSON access log")
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scoreboard":
         from .sim.cli import scoreboard_command
 
-        return scoreboard_command(args.only, args.details, args.json, args.markdown)
+        return scoreboard_command(args.only, args.details, args.json, args.markdown,
+                                  args.seeds)
     if args.command == "fit":
         from .sim.fit import fit_command
 

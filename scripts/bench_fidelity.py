@@ -166,7 +166,7 @@ def compare(rows: list[tuple[str, list[float], list[float]]], live_span: float,
 
 def scenario(name: str) -> int:
     """A scoreboard scenario live against ``serve`` and simulated, per tier and per key."""
-    chosen = BUILDERS[name]()
+    chosen = BUILDERS[name](0)
     calls = list(chosen.calls)
     with children("bench_fidelity.") as kids:
         config_path = kids.logs / "scenario.yaml"

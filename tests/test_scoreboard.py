@@ -16,6 +16,7 @@ from proxy.config.trace import TraceCall
 from proxy.sim.disciplines import reference, static_slots
 from proxy.sim.scenarios import BUILDERS, call, config
 from proxy.sim.scoreboard import Row, run
+from proxy.sim.seeds import pooled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ class Board(dict[str, Row]):
 @pytest.fixture(scope="module")
 def board() -> Board:
     started = time.process_time()
-    rows = Board((name, run(build())) for name, build in BUILDERS.items())
+    rows = Board((name, run(build(0))) for name, build in BUILDERS.items())
     rows.cpu_s = time.process_time() - started
     return rows
 
@@ -68,6 +69,31 @@ def test_the_bounds_the_issue_names_are_checked_where_they_apply(board: dict[str
 def test_the_whole_scoreboard_takes_seconds(board: Board) -> None:
     # CPU time: a loaded machine stretched the wall clock's 20-40 s to 126 s once.
     assert board.cpu_s < 90.0
+
+
+def test_a_seed_draws_other_calls_of_the_same_shape() -> None:
+    for name in ("seed-peak", "code-4-a", "heavy-tail"):
+        build = BUILDERS[name]
+        zero, one = build(0), build(1)
+        assert zero.calls == build(0).calls and one.calls == build(1).calls
+        assert zero.calls != one.calls and zero.table == one.table
+    assert BUILDERS["critical-2x"](3).calls == BUILDERS["critical-2x"](0).calls  # not random
+
+
+def test_seeds_are_pooled_one_after_the_other() -> None:
+    build = BUILDERS["seed-peak"]
+    alone = [run(build(seed)) for seed in range(3)]
+    row = pooled(build, 3)
+    assert len(row.scenario.calls) == sum(len(r.scenario.calls) for r in alone)
+    for name in ("proxy", "fcfs", "priority"):
+        spans = [r.reports[name]["makespan_s"] for r in alone]
+        assert row.reports[name]["makespan_s"] == pytest.approx(sum(spans), abs=0.01)
+        assert row.reports[name]["calls"] == sum(r.reports[name]["calls"] for r in alone)
+    starts = sorted(c.t for c in row.scenario.calls)
+    first = len(alone[0].scenario.calls)
+    assert starts[first] > max(r.reports[n]["makespan_s"] for r in alone[:1]
+                               for n in ("proxy", "fcfs", "priority", "wfq"))
+    assert pooled(BUILDERS["critical-2x"], 3).reports == run(BUILDERS["critical-2x"](0)).reports
 
 
 def two_tiers(slots: int = 1) -> object:

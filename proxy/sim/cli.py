@@ -9,13 +9,15 @@ from pathlib import Path
 
 from ..config import Config, ConfigError
 from ..config.trace import read_calls
+from .boardtext import details, markdown
+from .boardtext import table as board
 from .disciplines import DISCIPLINES, reference
 from .html import page
 from .report import TITLES, compare_table, summary, table
 from .run import simulate
 from .scenarios import BUILDERS
-from .scoreboard import details, markdown, run
-from .scoreboard import table as board
+from .scoreboard import run
+from .seeds import pooled
 
 
 def simulate_command(config: Config, trace: str, speed: float, compare: str | None,
@@ -76,9 +78,13 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
 
 
 def scoreboard_command(only: str | None, detailed: bool, as_json: bool,
-                       as_markdown: bool = False) -> int:
-    """Every scenario (or ``only`` these) under the proxy and the reference disciplines;
-    exit status 1 when a bound fails."""
+                       as_markdown: bool = False, seeds: int = 1) -> int:
+    """Every scenario (or ``only`` these) under the proxy and the reference disciplines,
+    over ``seeds`` seeds judged together (``proxy.sim.seeds``); exit status 1 when a bound
+    fails."""
+    if seeds < 1:
+        print("--seeds: must be at least 1", file=sys.stderr)
+        return 2
     names = [n.strip() for n in (only or "").split(",") if n.strip()] or list(BUILDERS)
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
@@ -88,7 +94,7 @@ def scoreboard_command(only: str | None, detailed: bool, as_json: bool,
     started = time.perf_counter()
     rows = []
     for name in names:
-        row = run(BUILDERS[name]())
+        row = run(BUILDERS[name](0)) if seeds == 1 else pooled(BUILDERS[name], seeds)
         rows.append(row)
         if detailed and not as_json:
             print(details(row))

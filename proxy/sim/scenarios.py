@@ -96,6 +96,12 @@ def call(t: float, service_s: float, tier: str, key: str | None = None,
     return TraceCall(t, 0, tokens, tier=tier, key=key, max_tokens=max(asked, tokens))
 
 
+def draws(base: int, seed: int) -> random.Random:
+    """The random draws of a scenario built on ``base``: seed 0 the scoreboard's own calls,
+    any other seed other calls of the same shape."""
+    return random.Random(base if not seed else f"{base}/{seed}")
+
+
 def poisson(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
     times: list[float] = []
     t = start
@@ -126,10 +132,10 @@ def fixed(seconds: float) -> Callable[[], float]:
 # --- the scenarios ----------------------------------------------------------------------
 
 
-def seed_peak(chat_tier: str = "high") -> Scenario:
+def seed_peak(seed: int = 0, chat_tier: str = "high") -> Scenario:
     """The seed's evening peak: chat 15/s x 0.2 s, analysis 2.5/s x 2.8 s, brief 0.3/s x
     10 s on 10 slots: 1.3x capacity for 30 s, then 20 s quiet."""
-    rng = random.Random(1)
+    rng = draws(1, seed)
     calls = flows(rng, [(chat_tier, 15.0, fixed(0.2)), ("normal", 2.5, fixed(2.8)),
                         ("low", 0.3, fixed(10.0))], 0.0, 30.0)
     name = "seed-peak" if chat_tier == "high" else f"seed-peak-{chat_tier}"
@@ -137,9 +143,10 @@ def seed_peak(chat_tier: str = "high") -> Scenario:
                     table(10), tuple(calls))
 
 
-def critical_overload(factor: float) -> Scenario:
+def critical_overload(factor: float, seed: int = 0) -> Scenario:
     """4 slots, 0.5 s calls, every max_wait_s 60: critical at ``factor`` x capacity for
-    15 s, and 10 low calls at 0.3 s."""
+    15 s, and 10 low calls at 0.3 s (evenly spaced: every seed gives the same calls)."""
+    del seed
     tiers = [{**t, "max_wait_s": 60} for t in SHIPPED_TIERS]
     rate = factor * 4 / 0.5
     calls = [call(i / rate, 0.5, "critical") for i in range(int(15 * rate))]
@@ -149,10 +156,10 @@ def critical_overload(factor: float) -> Scenario:
                     low_within=("low", 20.0))
 
 
-def urgent_overload(factor: float) -> Scenario:
+def urgent_overload(factor: float, seed: int = 0) -> Scenario:
     """8 slots, lognormal sizes around 1 s: critical and high at ``factor`` x capacity
     (3:1) for 30 s over a steady normal (0.15) and low (0.1) load."""
-    rng = random.Random(int(factor * 10))
+    rng = draws(int(factor * 10), seed)
     size = lognormal(rng, 1.0, 0.8, 10.0)
     urgent = factor * 8 / 1.0
     calls = flows(rng, [("critical", 0.75 * urgent, size), ("high", 0.25 * urgent, size),
@@ -161,9 +168,10 @@ def urgent_overload(factor: float) -> Scenario:
                     "over normal and low", table(8), tuple(calls))
 
 
-def noisy_neighbour() -> Scenario:
+def noisy_neighbour(seed: int = 0) -> Scenario:
     """Two keys of tier normal, 4 slots, 0.5 s calls: ``heavy`` sends 200 at once, ``light``
-    one every 0.5 s (a quarter of the capacity) for 40 s."""
+    one every 0.5 s (a quarter of the capacity) for 40 s (the same calls for every seed)."""
+    del seed
     keys = [{"name": "heavy", "tier": "normal"}, {"name": "light", "tier": "normal"}]
     calls = [call(0.0, 0.5, "normal", "heavy") for _ in range(200)]
     calls += [call(0.01 + i * 0.5, 0.5, "normal", "light") for i in range(80)]
@@ -172,8 +180,10 @@ def noisy_neighbour() -> Scenario:
                     tuple(sorted(calls, key=lambda c: c.t)), light_key="light")
 
 
-def weighted_keys() -> Scenario:
-    """Keys of weight 3 and 1 in tier normal, both backlogged: 300 calls each at once."""
+def weighted_keys(seed: int = 0) -> Scenario:
+    """Keys of weight 3 and 1 in tier normal, both backlogged: 300 calls each at once (the
+    same calls for every seed)."""
+    del seed
     keys: list[dict[str, object]] = [{"name": "gold", "tier": "normal", "weight": 3},
                                      {"name": "bronze", "tier": "normal"}]
     calls = [call(0.0, 0.5, "normal", k) for _ in range(300) for k in ("gold", "bronze")]
@@ -182,8 +192,7 @@ def weighted_keys() -> Scenario:
 
 
 def _mix(calls: Sequence[TraceCall], shares: Sequence[tuple[str, float]],
-         seed: int) -> list[TraceCall]:
-    rng = random.Random(seed)
+         rng: random.Random) -> list[TraceCall]:
     names, weights = [n for n, _ in shares], [w for _, w in shares]
     return [TraceCall(c.t, c.prompt_tokens, c.output_tokens, tier=rng.choices(names, weights)[0],
                       max_tokens=c.output_tokens) for c in calls]
@@ -200,26 +209,26 @@ MIX_A = (("critical", 0.2), ("normal", 0.5), ("low", 0.3))
 MIX_B = (("critical", 0.1), ("high", 0.2), ("normal", 0.4), ("low", 0.3))
 
 
-def conversation(slots: int, mix: str) -> Scenario:
+def conversation(slots: int, mix: str, seed: int = 0) -> Scenario:
     """The shipped Azure conversation trace's first 10 minutes (about 32 busy slots on the
     benchmark's provider model), thinned to one call in ``k`` and sped up to about 1.15x
-    of ``slots``."""
+    of ``slots`` (a seed draws the tiers, not the calls)."""
     every = {4: 8, 10: 3, 28: 1}[slots]
     rows = [c for i, c in enumerate(read_calls(SHIPPED_TRACE)) if c.t < 600 and i % every == 0]
     speed = 1.15 * slots * every / 32.0
     rows = [TraceCall(c.t / speed, c.prompt_tokens, min(c.output_tokens, 2000)) for c in rows]
     tiered = _by_size(rows) if mix == "size" else _mix(rows, MIX_A if mix == "a" else MIX_B,
-                                                        slots)
+                                                        draws(slots, seed))
     return Scenario(f"conversation-{slots}-{mix}", f"{slots} slots, the Azure conversation "
                     f"trace at 1.15x, tiers {_mix_name(mix)}",
                     table(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
 
 
-def code(slots: int, mix: str) -> Scenario:
+def code(slots: int, mix: str, seed: int = 0) -> Scenario:
     """A code-completion shape (long prompts, short answers, bursts of a few seconds):
     prompts lognormal around 2,000 tokens, answers around 30, at about 1.2x of ``slots``,
     for about 2,500 calls."""
-    rng = random.Random(slots)
+    rng = draws(slots, seed)
     rows: list[TraceCall] = []
     mean_s = 0.2 + 2000 / 10_000 + 40 / 40
     t, duration = 0.0, min(750.0, 3000.0 / slots)
@@ -231,7 +240,7 @@ def code(slots: int, mix: str) -> Scenario:
             rows.append(TraceCall(t + rng.random() * 0.5, prompt, output))
         t += rng.expovariate(1.2 * slots / mean_s / 3.5)
     rows.sort(key=lambda c: c.t)
-    tiered = _mix(rows, MIX_A if mix == "a" else MIX_B, slots + 1)
+    tiered = _mix(rows, MIX_A if mix == "a" else MIX_B, draws(slots + 1, seed))
     return Scenario(f"code-{slots}-{mix}", f"{slots} slots, a code-trace shape at about 1.2x, "
                     f"tiers {_mix_name(mix)}",
                     table(slots, timing=TRACE_TIMING, priors=TRACE_PRIORS), tuple(tiered))
@@ -242,10 +251,10 @@ def _mix_name(mix: str) -> str:
             "size": "by size (short calls high)"}[mix]
 
 
-def bursts() -> Scenario:
+def bursts(seed: int = 0) -> Scenario:
     """8 slots: a burst of 30 high calls (1 s) every 10 s over a steady normal and low load
     (0.5 and 0.4 of the capacity, sizes around 2 s)."""
-    rng = random.Random(7)
+    rng = draws(7, seed)
     calls = flows(rng, [("normal", 0.5 * 8 / 2.0, lognormal(rng, 2.0, 0.6, 12.0)),
                         ("low", 0.4 * 8 / 2.0, lognormal(rng, 2.0, 0.6, 12.0))], 0.0, 120.0)
     calls += [call(b * 10.0 + i * 0.02, 1.0, "high") for b in range(12) for i in range(30)]
@@ -253,9 +262,9 @@ def bursts() -> Scenario:
                     table(8), tuple(sorted(calls, key=lambda c: c.t)))
 
 
-def heavy_tail() -> Scenario:
+def heavy_tail(seed: int = 0) -> Scenario:
     """8 slots at 1.2x for 300 s, sizes Pareto (alpha 1.3, 0.3 s up to 120 s), 10/20/40/30 %."""
-    rng = random.Random(11)
+    rng = draws(11, seed)
 
     def pareto() -> float:
         return min(0.3 * rng.paretovariate(1.3), 120.0)
@@ -267,10 +276,10 @@ def heavy_tail() -> Scenario:
                     tuple(calls))
 
 
-def lying_estimates() -> Scenario:
+def lying_estimates(seed: int = 0) -> Scenario:
     """6 slots at 1.2x for 150 s: the low tier's calls ask for 40x the tokens they produce
     (a generous max_tokens), normal's claim nothing (no max_tokens: the learned average)."""
-    rng = random.Random(13)
+    rng = draws(13, seed)
     size = lognormal(rng, 1.0, 0.7, 8.0)
     out: list[TraceCall] = []
     for tier, rate in (("critical", 1.2), ("high", 1.2), ("normal", 2.4), ("low", 2.4)):
@@ -285,9 +294,9 @@ def lying_estimates() -> Scenario:
                     "nothing", table(6), tuple(sorted(out, key=lambda c: c.t)))
 
 
-def throttled() -> Scenario:
+def throttled(seed: int = 0) -> Scenario:
     """A provider configured for 16 slots that answers 429 past 6 (1.2x of 6 for 150 s)."""
-    rng = random.Random(17)
+    rng = draws(17, seed)
     size = lognormal(rng, 1.0, 0.6, 6.0)
     calls = flows(rng, [(tier, share * 1.2 * 6, size) for tier, share in MIX_B], 0.0, 150.0)
     timing: dict[str, object] = {"ttft_s": 0.0, "tokens_per_s": TOKENS_PER_S, "capacity": 6}
@@ -295,18 +304,18 @@ def throttled() -> Scenario:
                     table(16, timing=timing), tuple(calls))
 
 
-def empty_above() -> Scenario:
+def empty_above(seed: int = 0) -> Scenario:
     """A busy tier below an empty one: only normal and low, 1.3x of 8 slots for 60 s."""
-    rng = random.Random(19)
+    rng = draws(19, seed)
     size = lognormal(rng, 2.0, 0.7, 15.0)
     calls = flows(rng, [("normal", 0.8 * 8 / 2.0, size), ("low", 0.5 * 8 / 2.0, size)], 0.0, 60.0)
     return Scenario("empty-above", "8 slots: normal 0.8 and low 0.5 of the capacity, no "
                     "critical or high", table(8), tuple(calls))
 
 
-def two_providers() -> Scenario:
+def two_providers(seed: int = 0) -> Scenario:
     """A model served by two providers (6 + 4 slots) at 1.2x of both for 180 s."""
-    rng = random.Random(23)
+    rng = draws(23, seed)
     size = lognormal(rng, 1.5, 0.7, 10.0)
     calls = flows(rng, [(tier, share * 1.2 * 10 / 1.5, size) for tier, share in MIX_B],
                   0.0, 180.0)
@@ -314,22 +323,22 @@ def two_providers() -> Scenario:
                     table({"p": 6, "q": 4}), tuple(calls))
 
 
-BUILDERS: dict[str, Callable[[], Scenario]] = {
+BUILDERS: dict[str, Callable[[int], Scenario]] = {
     "seed-peak": seed_peak,
-    "seed-peak-critical": lambda: seed_peak("critical"),
-    "critical-1.2x": lambda: critical_overload(1.2),
-    "critical-2x": lambda: critical_overload(2.0),
-    "critical-4x": lambda: critical_overload(4.0),
-    "urgent-1.2x": lambda: urgent_overload(1.2),
-    "urgent-2x": lambda: urgent_overload(2.0),
+    "seed-peak-critical": lambda seed: seed_peak(seed, "critical"),
+    "critical-1.2x": lambda seed: critical_overload(1.2, seed=seed),
+    "critical-2x": lambda seed: critical_overload(2.0, seed=seed),
+    "critical-4x": lambda seed: critical_overload(4.0, seed=seed),
+    "urgent-1.2x": lambda seed: urgent_overload(1.2, seed=seed),
+    "urgent-2x": lambda seed: urgent_overload(2.0, seed=seed),
     "noisy-neighbour": noisy_neighbour,
     "weighted-keys": weighted_keys,
-    "conversation-4-a": lambda: conversation(4, "a"),
-    "conversation-10-b": lambda: conversation(10, "b"),
-    "conversation-28-size": lambda: conversation(28, "size"),
-    "code-4-a": lambda: code(4, "a"),
-    "code-10-b": lambda: code(10, "b"),
-    "code-28-a": lambda: code(28, "a"),
+    "conversation-4-a": lambda seed: conversation(4, "a", seed=seed),
+    "conversation-10-b": lambda seed: conversation(10, "b", seed=seed),
+    "conversation-28-size": lambda seed: conversation(28, "size", seed=seed),
+    "code-4-a": lambda seed: code(4, "a", seed=seed),
+    "code-10-b": lambda seed: code(10, "b", seed=seed),
+    "code-28-a": lambda seed: code(28, "a", seed=seed),
     "bursts": bursts,
     "heavy-tail": heavy_tail,
     "lying-estimates": lying_estimates,
@@ -339,7 +348,7 @@ BUILDERS: dict[str, Callable[[], Scenario]] = {
 }
 
 
-def scenario(name: str) -> Scenario:
+def scenario(name: str, seed: int = 0) -> Scenario:
     if name not in BUILDERS:
         raise KeyError(f"unknown scenario {name!r} (one of {', '.join(BUILDERS)})")
-    return BUILDERS[name]()
+    return BUILDERS[name](seed)
