@@ -136,6 +136,13 @@ def cpu_s(pid: int) -> float:
     return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds every process on the machine has used so far (``/proc/stat``: user,
+    nice, system, irq, softirq), to tell how much of it others used meanwhile."""
+    fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields[:3]) + sum(fields[5:7])) / os.sysconf("SC_CLK_TCK")
+
+
 def pin(pid: int, cpus: set[int]) -> None:
     """Move every thread of a process onto ``cpus``."""
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -359,11 +366,21 @@ async def fake_completion(request: web.Request) -> web.StreamResponse:
     return answer
 
 
+async def delayed_completion(request: web.Request) -> web.StreamResponse:
+    """``/delay/{ms}/v1/...``: the same answer, ``ms`` milliseconds after the body is in
+    (an LLM-like service time, on the same upstream)."""
+    await request.read()
+    await asyncio.sleep(float(request.match_info["ms"]) / 1000)
+    return await fake_completion(request)
+
+
 def upstream_app(openai_headers: bool = False) -> web.Application:
-    """The fake provider; with ``openai_headers``, its answers carry OpenAI's 19 headers."""
+    """The fake provider; with ``openai_headers``, its answers carry OpenAI's 19 headers.
+    Under ``/delay/{ms}`` it answers ``ms`` milliseconds later."""
     app = web.Application()
     app[EXTRA_HEADERS] = OPENAI_HEADERS if openai_headers else ()
     app.router.add_post("/v1/chat/completions", fake_completion)
+    app.router.add_post("/delay/{ms}/v1/chat/completions", delayed_completion)
     return app
 
 
