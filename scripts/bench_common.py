@@ -12,6 +12,7 @@ import ctypes
 import json
 import math
 import os
+import random
 import select
 import shutil
 import signal
@@ -368,9 +369,11 @@ async def fake_completion(request: web.Request) -> web.StreamResponse:
 
 async def delayed_completion(request: web.Request) -> web.StreamResponse:
     """``/delay/{ms}/v1/...``: the same answer, ``ms`` milliseconds after the body is in
-    (an LLM-like service time, on the same upstream)."""
+    (an LLM-like service time, on the same upstream); ``ms`` as ``LOW-HIGH``: drawn
+    uniformly between."""
     await request.read()
-    await asyncio.sleep(float(request.match_info["ms"]) / 1000)
+    low, _, high = request.match_info["ms"].partition("-")
+    await asyncio.sleep(random.uniform(float(low), float(high or low)) / 1000)
     return await fake_completion(request)
 
 
