@@ -234,9 +234,9 @@ def under_proxy(args: argparse.Namespace) -> list[str]:
     slow = f"{args.latency_ms:g}" + (f"±{args.jitter_ms:g}" if args.jitter_ms else "") + " ms"
     cases = ({slow: "bench-slow"} if args.latency_ms > 0 else {}) | {
         "instant": "bench-model"}
-    lines = [f"{'upstream':<9}{'proxy':<8}{'backend':<8}{'round':>5}{'others':>7}{'req/s':>7}"
+    lines = [f"{'upstream':<10}{'proxy':<8}{'backend':<8}{'round':>5}{'others':>7}{'req/s':>7}"
              f"{'p50 ms':>8}{'p99 ms':>8} | admission: {'mean':>5}{'p50~':>6}{'p99~':>6}"
-             f"{'p99<=':>6}{'<=0.1':>7}{'<=1ms':>7}"]
+             f"{'p99<=':>7}{'<=0.1':>7}{'<=1ms':>7}"]
     runs: dict[tuple[str, str, str], list[Sample]] = {}
     with children("bench-admission-") as kids:
         upstream = load(kids)
@@ -256,14 +256,14 @@ def under_proxy(args: argparse.Namespace) -> list[str]:
                     others, after = others_cores(cpu, cpu_now(ours)), admitted(base)
                     runs.setdefault((case, tree, backend), []).append(sample)
                     got = {k: after[k] - before.get(k, 0.0) for k in after}
-                    lines.append(f"{case:<9}{tree:<8}{backend:<8}{number + 1:>5}"
+                    lines.append(f"{case:<10}{tree:<8}{backend:<8}{number + 1:>5}"
                                  f"{others:>7.2f}{sample.rps:>7.0f}{sample.p50_ms:>8.2f}"
                                  f"{sample.p99_ms:>8.2f} | {histogram_row(got)}")
     lines.append("medians of the rounds; redis - memory: the median of each round's "
                  "difference (alternated, so paired)")
     for (case, tree, backend), samples in runs.items():
         memory = runs[(case, tree, "memory")]
-        row = (f"{case:<9}{tree:<8}{backend:<8}{'':>12}"
+        row = (f"{case:<10}{tree:<8}{backend:<8}{'':>12}"
                f"{statistics.median(s.rps for s in samples):>7.0f}"
                f"{statistics.median(s.p50_ms for s in samples):>8.2f}"
                f"{statistics.median(s.p99_ms for s in samples):>8.2f}")
@@ -294,7 +294,7 @@ def histogram_row(got: dict[str, float]) -> str:
         return "none (nothing asked)"
     (p50, _), (p99, bound) = quantile(got, 0.5), quantile(got, 0.99)
     within = {b: got.get(str(b), math.nan) / count for b in (0.0001, 0.001)}
-    return (f"{got['sum'] / count * 1000:>16.2f}{p50:>6.2f}{p99:>6.2f}{bound:>6.2f}"
+    return (f"{got['sum'] / count * 1000:>16.2f}{p50:>6.2f}{p99:>6.2f}{bound:>7.2f}"
             f"{within[0.0001]:>7.1%}{within[0.001]:>7.1%}")
 
 
