@@ -12,6 +12,7 @@ import ctypes
 import json
 import math
 import os
+import random
 import select
 import shutil
 import signal
@@ -134,6 +135,13 @@ def cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     utime, stime = stat.rpartition(")")[2].split()[11:13]
     return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds every process on the machine has used so far (``/proc/stat``: user,
+    nice, system, irq, softirq), to tell how much of it others used meanwhile."""
+    fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields[:3]) + sum(fields[5:7])) / os.sysconf("SC_CLK_TCK")
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -359,11 +367,23 @@ async def fake_completion(request: web.Request) -> web.StreamResponse:
     return answer
 
 
+async def delayed_completion(request: web.Request) -> web.StreamResponse:
+    """``/delay/{ms}/v1/...``: the same answer, ``ms`` milliseconds after the body is in
+    (an LLM-like service time, on the same upstream); ``ms`` as ``LOW-HIGH``: drawn
+    uniformly between."""
+    await request.read()
+    low, _, high = request.match_info["ms"].partition("-")
+    await asyncio.sleep(random.uniform(float(low), float(high or low)) / 1000)
+    return await fake_completion(request)
+
+
 def upstream_app(openai_headers: bool = False) -> web.Application:
-    """The fake provider; with ``openai_headers``, its answers carry OpenAI's 19 headers."""
+    """The fake provider; with ``openai_headers``, its answers carry OpenAI's 19 headers.
+    Under ``/delay/{ms}`` it answers ``ms`` milliseconds later."""
     app = web.Application()
     app[EXTRA_HEADERS] = OPENAI_HEADERS if openai_headers else ()
     app.router.add_post("/v1/chat/completions", fake_completion)
+    app.router.add_post("/delay/{ms}/v1/chat/completions", delayed_completion)
     return app
 
 

@@ -2,21 +2,28 @@
 (docs: benchmarks.md, section 3)
 
 - Admission: ``RedisState.lease`` on loopback with a free slot (one Lua script round trip),
-  sequentially and with 32 callers at once; the memory backend asks nothing (0).
+  sequentially (no hand-over: a lone caller's next lease would always take the slot it
+  just gave back) and with 32 callers at once; the memory backend asks nothing (0).
 - Throughput: closed-loop load (aiohttp client, its own process) on ``serve`` with the
   memory backend, then with the redis backend as 1 process and as ``--workers 2`` and
   ``--workers 3`` on one port, against one fast fake upstream; targets alternated round by
   round. On a 2-core machine the load generator and the upstream share the cores with
   the proxy's processes: read the ratios, not the absolute numbers.
-- Under the proxy (``--under-proxy``): the same load on the redis backend, 1 process, and
-  what ``proxy_shared_admission_seconds`` on its ``/metrics`` counted meanwhile; with
-  ``--against DIR``, alternated with the proxy of another checkout (its code, this venv).
+- Under the proxy (``--under-proxy``): the same load on the memory and the redis backend,
+  1 process each, alternated round by round: the latency the client sees, and what
+  ``proxy_shared_admission_seconds`` on ``/metrics`` counted meanwhile. With
+  ``--latency-ms MS`` first on an upstream answering MS later (32 connections then keep
+  32 LLM-like calls in flight, far below saturation), then on the instant one (the loop
+  saturated). With ``--against DIR``, alternated with the proxies of another checkout too
+  (its code, this venv).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import os
 import statistics
 import sys
 import time
@@ -34,9 +41,11 @@ from bench_common import (
     Load,
     Sample,
     children,
+    cpu_s,
     load_command,
     loop_factory,
     machine,
+    machine_cpu_s,
     percentile,
     serve_loads,
     serve_until_signalled,
@@ -50,8 +59,6 @@ from proxy.state.shared import RedisState
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ADMISSIONS = 5000
-BODY = orjson.dumps({"model": "bench-model", "max_tokens": 16,
-                     "messages": [{"role": "user", "content": "Say hello in five words."}]})
 HEADERS = {"Content-Type": "application/json"}
 TARGETS = {"memory x1": ("memory", 1), "redis x1": ("redis", 1),
            "redis --workers 2": ("redis", 2), "redis --workers 3": ("redis", 3)}
@@ -104,21 +111,38 @@ class _Hooks:
         return None
 
 
-def config(upstream: str, backend: str, prefix: str) -> str:
+def config(upstream: str, backend: str, prefix: str, latency_ms: float = 0.0,
+           jitter_ms: float = 0.0) -> str:
+    """``bench-model`` on the instant upstream; with ``latency_ms``, ``bench-slow`` too, on
+    the upstream answering that much later, give or take ``jitter_ms`` (its own provider)."""
+    slow = latency_ms > 0
+    delay = (f"{latency_ms:g}" if not jitter_ms else
+             f"{max(latency_ms - jitter_ms, 0):g}-{latency_ms + jitter_ms:g}")
     return f"""\
 classify: {{default_tier: normal}}
 state: {{backend: {backend}, url: "{REDIS_URL}", prefix: {prefix}}}
 providers:
   - {{name: fake, base_url: "{upstream}/v1", api_key: k, max_concurrency: 256}}
+""" + (f"""\
+  - {{name: slow, base_url: "{upstream}/delay/{delay}/v1", api_key: k,
+     max_concurrency: 256}}
+""" if slow else "") + """\
 models:
-  bench-model: [{{provider: fake, model: fake-model}}]
-"""
+  bench-model: [{provider: fake, model: fake-model}]
+""" + ("  bench-slow: [{provider: slow, model: fake-model}]\n" if slow else "")
 
 
-def measure(kids: Children, url: str, connections: int, duration_s: float) -> Sample:
+def body(model: str) -> bytes:
+    return orjson.dumps({"model": model, "max_tokens": 16, "messages": [
+        {"role": "user", "content": "Say hello in five words."}]})
+
+
+def measure(kids: Children, url: str, connections: int, duration_s: float,
+            payload: bytes | None = None) -> Sample:
     loadgen = kids.procs["loadgen"]
     assert loadgen.stdin is not None
-    loadgen.stdin.write(load_command(Load(url, BODY, HEADERS, connections, duration_s)))
+    load = Load(url, payload or body("bench-model"), HEADERS, connections, duration_s)
+    loadgen.stdin.write(load_command(load))
     loadgen.stdin.flush()
     line = kids.read_line("loadgen", duration_s + WARMUP_S + REQUEST_TIMEOUT_S + 10)
     return Sample(**orjson.loads(line))
@@ -134,10 +158,11 @@ def load(kids: Children) -> str:
 
 
 def proxy(kids: Children, name: str, upstream: str, backend: str, workers: int = 1,
-          tree: Path = ROOT) -> str:
+          tree: Path = ROOT, latency_ms: float = 0.0, jitter_ms: float = 0.0) -> str:
     """``serve`` (of the checkout ``tree``) on a fresh prefix, started; its base URL."""
     file = kids.logs / f"{name.replace(' ', '_')}.yaml"
-    file.write_text(config(upstream, backend, f"bench-{uuid.uuid4().hex[:8]}"))
+    file.write_text(config(upstream, backend, f"bench-{uuid.uuid4().hex[:8]}", latency_ms,
+                            jitter_ms))
     kids.start(name, [sys.executable, "-m", "proxy", "serve", "--config", str(file),
                       "--port", "0", "--log-level", "WARNING", "--workers", str(workers)],
                cwd=tree)
@@ -171,45 +196,106 @@ def throughput(args: argparse.Namespace) -> list[str]:
 
 def admitted(base_url: str) -> dict[str, float]:
     """``proxy_shared_admission_seconds`` on ``/metrics``: each bucket's cumulative count
-    by its bound, and ``sum`` and ``count``."""
+    by its bound (``inf`` for ``+Inf``), and ``sum`` and ``count``."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     found: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
         if name.startswith("proxy_shared_admission_seconds_bucket"):
-            found[name.split('le="')[1].rstrip('"}')] = float(value)
+            found[str(float(name.split('le="')[1].rstrip('"}')))] = float(value)
         elif name in ("proxy_shared_admission_seconds_sum",
                       "proxy_shared_admission_seconds_count"):
             found[name.rsplit("_", 1)[1]] = float(value)
     return found
 
 
+def quantile(got: dict[str, float], q: float) -> tuple[float, float]:
+    """The ``q`` quantile of the histogram's deltas in ms: linear within its bucket, as
+    Prometheus' ``histogram_quantile`` does, and the bucket's bound (the quantile is at
+    most that); NaN without observations."""
+    bounds = sorted((float(k), v) for k, v in got.items() if k not in ("sum", "count"))
+    rank, low, below = q * got["count"], 0.0, 0.0
+    for bound, cumulative in bounds:
+        if cumulative >= rank > 0:
+            if math.isinf(bound):
+                return low * 1000, bound
+            share = (rank - below) / max(cumulative - below, 1e-12)
+            return (low + (bound - low) * share) * 1000, bound * 1000
+        low, below = bound, cumulative
+    return math.nan, math.nan
+
+
 def under_proxy(args: argparse.Namespace) -> list[str]:
-    trees = {"this tree": ROOT} | ({"against": Path(args.against).resolve()}
-                                  if args.against else {})
-    lines = []
+    """Each case (the delayed upstream, then the instant one: saturation) on the memory and
+    the redis backend of each tree, alternated round by round; then the medians."""
+    trees = {"this": ROOT} | ({"against": Path(args.against).resolve()}
+                             if args.against else {})
+    slow = f"{args.latency_ms:g}" + (f"±{args.jitter_ms:g}" if args.jitter_ms else "") + " ms"
+    cases = ({slow: "bench-slow"} if args.latency_ms > 0 else {}) | {
+        "instant": "bench-model"}
+    lines = [f"{'upstream':<10}{'proxy':<8}{'backend':<8}{'round':>5}{'others':>7}{'req/s':>7}"
+             f"{'p50 ms':>8}{'p99 ms':>8} | admission: {'mean':>5}{'p50~':>6}{'p99~':>6}"
+             f"{'p99<=':>7}{'<=0.1':>7}{'<=1ms':>7}"]
+    runs: dict[tuple[str, str, str], list[Sample]] = {}
     with children("bench-admission-") as kids:
         upstream = load(kids)
-        bases = {name: proxy(kids, name, upstream, "redis", tree=tree)
-                 for name, tree in trees.items()}
+        bases = {(tree, backend): proxy(kids, f"{tree} {backend}", upstream, backend,
+                                        tree=path, latency_ms=args.latency_ms,
+                                        jitter_ms=args.jitter_ms)
+                 for tree, path in trees.items() for backend in ("memory", "redis")}
         time.sleep(3.0)  # beating
-        lines.append(f"{'proxy':<12}{'round':>6}{'req/s':>8}{'mean ms':>9}"
-                     f"{'<=0.5ms':>9}{'<=1ms':>8}{'<=2ms':>8}{'<=5ms':>8}")
+        ours = [os.getpid(), redis.Redis.from_url(REDIS_URL).info("server")["process_id"],
+                *(child.pid for child in kids.procs.values())]
         for number in range(args.rounds):
-            for name, base in bases.items():
-                before = admitted(base)
-                sample = measure(kids, base + "/v1/chat/completions", args.connections,
-                                 args.duration)
-                after = admitted(base)
-                got = {k: after[k] - before.get(k, 0.0) for k in after}
-                count = max(got["count"], 1.0)
-                lines.append(
-                    f"{name:<12}{number + 1:>6}{sample.rps:>8.0f}"
-                    f"{got['sum'] / count * 1000:>9.2f}"
-                    + "".join(f"{got[bound] / count:>{width}.1%}" for bound, width in
-                              (("0.0005", 9), ("0.001", 8), ("0.002", 8), ("0.005", 8))))
+            for case, model in cases.items():
+                for (tree, backend), base in bases.items():
+                    before, cpu = admitted(base), cpu_now(ours)
+                    sample = measure(kids, base + "/v1/chat/completions", args.connections,
+                                     args.duration, body(model))
+                    others, after = others_cores(cpu, cpu_now(ours)), admitted(base)
+                    runs.setdefault((case, tree, backend), []).append(sample)
+                    got = {k: after[k] - before.get(k, 0.0) for k in after}
+                    lines.append(f"{case:<10}{tree:<8}{backend:<8}{number + 1:>5}"
+                                 f"{others:>7.2f}{sample.rps:>7.0f}{sample.p50_ms:>8.2f}"
+                                 f"{sample.p99_ms:>8.2f} | {histogram_row(got)}")
+    lines.append("medians of the rounds; redis - memory: the median of each round's "
+                 "difference (alternated, so paired)")
+    for (case, tree, backend), samples in runs.items():
+        memory = runs[(case, tree, "memory")]
+        row = (f"{case:<10}{tree:<8}{backend:<8}{'':>12}"
+               f"{statistics.median(s.rps for s in samples):>7.0f}"
+               f"{statistics.median(s.p50_ms for s in samples):>8.2f}"
+               f"{statistics.median(s.p99_ms for s in samples):>8.2f}")
+        if backend == "redis":
+            p50, p99 = (statistics.median(getattr(r, name) - getattr(m, name)
+                                          for r, m in zip(samples, memory, strict=True))
+                        for name in ("p50_ms", "p99_ms"))
+            row += f" | redis - memory: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms"
+        lines.append(row)
     return lines
+
+
+def cpu_now(pids: list[int]) -> tuple[float, float, float]:
+    """The clock, the machine's CPU seconds, and those of ``pids``."""
+    return time.monotonic(), machine_cpu_s(), sum(cpu_s(pid) for pid in pids)
+
+
+def others_cores(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """The cores other processes than ours used on average in between (the machine is
+    shared: a row measured while others kept the cores busy says so)."""
+    wall, machine_s, ours_s = (a - b for a, b in zip(after, before, strict=True))
+    return max(machine_s - ours_s, 0.0) / wall
+
+
+def histogram_row(got: dict[str, float]) -> str:
+    count = got.get("count", 0.0)
+    if not count:
+        return "none (nothing asked)"
+    (p50, _), (p99, bound) = quantile(got, 0.5), quantile(got, 0.99)
+    within = {b: got.get(str(b), math.nan) / count for b in (0.0001, 0.001)}
+    return (f"{got['sum'] / count * 1000:>16.2f}{p50:>6.2f}{p99:>6.2f}{bound:>7.2f}"
+            f"{within[0.0001]:>7.1%}{within[0.001]:>7.1%}")
 
 
 def main() -> None:
@@ -225,6 +311,12 @@ def main() -> None:
                         help="measure admission under the proxy, not throughput")
     parser.add_argument("--against", metavar="DIR",
                         help="with --under-proxy: alternate with the proxy in DIR")
+    parser.add_argument("--latency-ms", type=float, default=0.0, metavar="MS",
+                        help="with --under-proxy: first the same load on an upstream that "
+                             "answers MS later (an LLM-like call), then on the instant one")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, metavar="MS",
+                        help="with --latency-ms: each answer up to MS sooner or later "
+                             "(uniform), so the calls do not keep in step")
     args = parser.parse_args()
     if args.role == "loadgen":
         serve_loads()
@@ -236,12 +328,15 @@ def main() -> None:
     print(f"machine: {machine()}")
     if args.under_proxy:
         print(f"admission under the proxy: closed loop, {args.connections} conns, "
-              f"{args.rounds} rounds x {args.duration:g} s, proxies alternated")
+              f"{args.rounds} rounds x {args.duration:g} s, memory and redis backends "
+              f"alternated; admission: proxy_shared_admission_seconds' deltas in ms "
+              f"(p50~/p99~ interpolated in their bucket, p99<= its bound); others: "
+              f"the cores processes not this bench's (nor Redis) used meanwhile")
         for line in under_proxy(args):
             print(line)
         return
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        for callers, handing in ((1, True), (32, True), (32, False)):
+        for callers, handing in ((1, False), (32, True), (32, False)):
             batcher.HANDOFF_S = HANDOFF_S if handing else -1.0
             before = scripts_run()
             p50, p99, handed = runner.run(admission(ADMISSIONS, callers))
