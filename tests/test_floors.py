@@ -152,6 +152,45 @@ def test_a_tier_owed_its_floor_goes_before_a_more_urgent_one() -> None:
     assert k.release("p", 3.0, 1.0) == [low]
 
 
+def test_while_a_more_urgent_tier_waits_floors_are_paid_at_its_pace() -> None:
+    """Low (weight 1, short calls) is owed several of its calls while critical (weight 1)
+    calls wait: while they wait, low is granted no more slot-seconds ahead of them than
+    they are granted (their shares are equal), so the debt is paid between critical calls,
+    not as a run of low calls ahead of all of them (heavy-tail's draw 3 paid high eight in
+    a row while a critical call waited 3 s)."""
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers, headroom_spread=None)
+    k.submit(first := ticket(1, 0.5), 0.0)
+    lows = [ticket(1, 0.5) for _ in range(30)]
+    for t in lows:
+        k.submit(t, 0.0)
+    k.finish(first, 0.5, 0.5)  # low's unit: one 0.5 s call
+    k.submit(long := ticket(0, 8.0), 0.5)
+    now = 0.5
+    for t in lows:
+        if k.granted(t):  # low took the slot freed at 0.5: let it end
+            now += 0.5
+            k.finish(t, now, 0.5)
+    urgent = [ticket(0, 1.0) for _ in range(8)]
+    for t in urgent:
+        k.submit(t, now)
+    granted = {"critical": 0.0, "low": 0.0}
+    order = []
+    while not all(k.granted(t) or t.state is TicketState.RELEASED for t in urgent):
+        running = k.running["p"][0]
+        took = running.est_service_s
+        now += took
+        for t in k.finish(running, now, took):
+            tier = "low" if t.tier else "critical"
+            if tier == "low":  # ahead of waiting critical calls: within their pace
+                assert granted["low"] <= granted["critical"] + 1e-9, order
+            granted[tier] += t.est_service_s
+            order.append(tier)
+    assert long.state is TicketState.RELEASED
+    assert "low" in order  # low was owed: it was paid while critical waited
+    assert order.count("low") >= 2
+
+
 def credit(floors: Floors) -> float:
     """Tier 1's credit on provider p."""
     credits = floors.credits("p")

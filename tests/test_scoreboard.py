@@ -74,16 +74,8 @@ def test_the_whole_scoreboard_takes_seconds(board: Board) -> None:
     assert board.cpu_s < 90.0
 
 
-# Known to fail on seeds 0-2 (it holds on 0-4): lying-estimates' critical p99 1.07 s against
-# a bound of 1.01 s (strict priority's 0.77 s); a cluster of critical calls early in seed
-# 1's calls waits while the floors of high and low are paid. Issue 20 has the figures.
-SEED_MISSES = {"lying-estimates"}
-
-
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="the urgent bound on seeds 0-2")) if n in SEED_MISSES else n
-    for n in BUILDERS])
+@pytest.mark.parametrize("name", list(BUILDERS))
 def test_every_bound_holds_on_other_seeds_too(name: str) -> None:
     """The same shapes drawn again (seeds 0-2, judged together): a bound that held on seed
     0's calls by luck fails here."""

@@ -4,7 +4,10 @@ For each free slot of a provider, among the calls that may use it:
 
 1. *Floors* (``proxy.core.floors``). A tier owed its floor (at least one longest call
    behind its weight's share of the provider's slot-seconds) goes first, the most owed
-   first.
+   first; but while the most urgent waiting tier keeps calls waiting, floors are granted
+   ahead of it at most the slot-seconds its share lets them beside what it was granted
+   meanwhile (``w_others / w_urgent`` times it), so a debt is paid between its calls, not
+   as a run of calls ahead of all of them.
 2. *Urgency.* Otherwise the most urgent tier with a call waiting (tiers of weight 0, the
    background, after every other).
 3. *Within a tier*: a call at risk (less than ``rescue_fraction`` of its ``max_wait_s``
@@ -61,6 +64,9 @@ class Policy:
         self._longest_at_stamp: dict[str, list[float]] = {}
         self._longest_cache: dict[str, tuple[float, list[float]]] = {}
         self.holding = 0  # free slots the last choose() kept for an adaptive hold
+        # Per provider, while its most urgent waiting tier stays the same: [that tier,
+        # slot-seconds granted to floors ahead of it, slot-seconds granted to it].
+        self._paced: dict[str, list[float]] = {}
         self.set_weights([t.weight for t in settings.tiers])
 
     def set_weights(self, weights: Sequence[float]) -> None:
@@ -111,7 +117,12 @@ class Policy:
         if urgent_head is None:
             return None
         order: tuple[tuple[int, Choice], ...] = ((urgent, urgent_head),)
-        owed = self.owed_tier(pool, counts, urgent, now)
+        paced = self._paced.get(pool.name)
+        if paced is None or paced[0] != urgent:
+            paced = self._paced[pool.name] = [urgent, 0.0, 0.0]
+        share = self.floors.shares[urgent]
+        owed = self.owed_tier(pool, counts, urgent, now) if (
+            not share or paced[1] * share <= paced[2] * (1.0 - share)) else None
         if owed is not None:
             owed_head = self.head(pool, owed, now)
             if owed_head is not None:  # else its calls cannot use this provider now
@@ -124,7 +135,13 @@ class Policy:
             if (free > headroom.held_against(pool.name, tier, now, reserves, running, limit)
                     or 1.0 - left / max_wait_s >= HOLD_PATIENCE):
                 if left < self.settings.rescue_fraction * max_wait_s:  # at risk
-                    return self.head(pool, tier, now, earliest=True) or head
+                    head = self.head(pool, tier, now, earliest=True) or head
+                if tier != urgent:
+                    paced[1] += self.claim(pool.name, head[0])
+                elif counts[urgent] > 1:
+                    paced[2] += self.claim(pool.name, head[0])
+                else:  # its last waiting call: the next to wait starts afresh
+                    del self._paced[pool.name]
                 return head
         # Keep the slot for the more urgent arrivals the headroom expects; note how many of
         # the free slots the adaptive part keeps (its budget counts what it idles; what a
