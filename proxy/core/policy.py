@@ -74,6 +74,7 @@ class Policy:
         self._headroom.shares = list(self.floors.shares)
         # The order urgency serves tiers in: the list's, the background (weight 0) last.
         self.urgency = sorted(range(len(weights)), key=lambda t: (not weights[t], t))
+        self._paced.clear()  # an episode's pace was set by the shares before
 
     def next_wakeup(self, pools: Iterable[Pool], now: float) -> float | None:
         """When time alone may next change a decision: a deadline; or, for a provider with
@@ -284,7 +285,9 @@ class Policy:
             per_tier[tier])
         per_tier[tier] = service_s if service_s > kept else kept
         stamps[tier] = now
-        self._longest_cache.pop(pool, None)
+        cached = self._longest_cache.get(pool)
+        if cached is not None:  # within its second the decay is negligible: kept, updated
+            cached[1][tier] = per_tier[tier]
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,
