@@ -41,6 +41,14 @@ async def reload_on_signal(app: web.Application) -> None:
     log.info("SIGHUP: %s", answer)
 
 
+def settle_gc() -> None:
+    """Everything built so far lives as long as the process: keep it out of the collector's
+    way, and collect young objects less often (per-call garbage is mostly acyclic)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+
+
 async def serve(config: Config, host: str, port: int, config_path: str | None = None,
                 reuse_port: bool = False, internal_token: str | None = None) -> None:
     app = build_app(config, config_path=config_path, internal_token=internal_token)
@@ -57,11 +65,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
         if not config.server.fast_lane:
             app[LANE].off_because = "turned off (server.fast_lane: false, or --no-fast-lane)"
     await runner.setup()
-    # Everything built so far lives as long as the process: keep it out of the collector's
-    # way, and collect young objects less often (per-call garbage is mostly acyclic).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
+    settle_gc()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     if not config.auth_required and not is_loopback(host):
