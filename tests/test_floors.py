@@ -291,3 +291,68 @@ def test_a_held_slot_goes_to_the_owed_tier_when_its_call_has_used_half_its_wait(
     assert k.s.next_wakeup(5.0) == pytest.approx(31.0)
     k.advance(31.0)
     assert low.state is TicketState.DISPATCHED
+
+
+def replay(k: Kit, calls: Sequence[tuple[float, Ticket, float]], until: float) -> list[
+        tuple[float, Ticket, str]]:
+    """Submit ``calls`` (arrival, ticket, real service seconds) to ``k``; each granted call
+    ends after its service, and the scheduler's wake-ups are honoured. The grants in order
+    (when, ticket, provider)."""
+    took = {t: s for _, t, s in calls}
+    events = [(at, 0, n, "submit", t) for n, (at, t, _) in enumerate(calls)]
+    heapq.heapify(events)
+    n = len(events)
+    grants: list[tuple[float, Ticket, str]] = []
+    while events and events[0][0] <= until:
+        now, _, _, kind, t = heapq.heappop(events)
+        if kind == "submit":
+            k.s.submit(t, now)
+        elif kind == "end":
+            k.s.release(t, now, took[t])
+        else:
+            k.s.advance(now)
+        for dispatch in k.s.take().dispatches:
+            grants.append((now, dispatch.ticket, dispatch.pool))
+            n += 1
+            heapq.heappush(events, (now + took[dispatch.ticket], -1, n, "end", dispatch.ticket))
+        wake = k.s.next_wakeup(now)
+        if wake is not None and wake > now:
+            n += 1
+            heapq.heappush(events, (wake, 1, n, "wake", None))
+    return grants
+
+
+def test_a_floor_ahead_of_its_pace_still_takes_a_slot_the_headroom_keeps_from_urgent() -> None:
+    """Found in review: while pacing held an owed tier back, only the urgent tier was
+    offered the slot, so the owed tier's own way past a hold (its call has used half its
+    max_wait_s) was never tried. Here p's free slot is held for critical (reserve 1), high
+    waits for p or q and q always serves it before its patience: low, owed on p, got 1 of
+    its 30 calls and 29 timed out while p's slot stayed free."""
+    tiers = (TierSpec("critical", 1, max_wait_s=100, reserve=1),
+             TierSpec("high", 1, max_wait_s=100), TierSpec("low", 1, max_wait_s=200))
+    k = Kit({"p": 2, "q": 1}, tiers, headroom_spread=None)
+    calls = [(0.0, ticket(1, 1.0, ("p",)), 1e6)]  # holds p's other slot throughout
+    lows = [ticket(2, 0.5, ("p",)) for _ in range(30)]
+    calls += [(0.01, t, 0.5) for t in lows]
+    calls += [(1.0 + 5 * i, ticket(0, 5.0, ("p",)), 5.0) for i in range(6)]  # low earns credit
+    calls += [(40.0, ticket(1, 1.0, ("q", "p")), 1.0) for _ in range(3)]
+    calls += [(40.0 + i, ticket(1, 1.0, ("q", "p")), 1.0) for i in range(1, 400)]
+    grants = replay(k, calls, 420.0)
+    low_grants = [at for at, t, _ in grants if t in lows]
+    assert len(low_grants) >= 25, low_grants
+    assert low_grants[0] <= 100.1  # as soon as its oldest call has used half its wait
+
+
+def test_an_urgent_tier_that_claims_nothing_still_lets_the_floors_be_paid() -> None:
+    """Pacing counted what calls claimed when granted: an urgent tier claiming 0 s (which
+    a call may) never added to its side, so once a floor had gone ahead once, it waited
+    until urgent had no call left. What calls take, learnt when their slots come back,
+    counts too."""
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers, headroom_spread=None)
+    urgent = [(0.0, ticket(0, 0.0), 1.0) for _ in range(40)]
+    lows = [ticket(1, 0.5) for _ in range(40)]
+    grants = replay(k, urgent + [(0.0, t, 0.5) for t in lows], 30.0)
+    low_grants = [at for at, t, _ in grants if t in lows]
+    assert len(low_grants) >= 20, low_grants  # about its half of 30 s: 29 calls of 0.5 s
+    assert max(at for at, t, _ in grants if t not in lows) > 25.0  # critical waited throughout

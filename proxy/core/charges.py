@@ -73,6 +73,8 @@ class Charges:
             delta = service_s - ticket.charged_s
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
             self._policy.served(pool.name, ticket.current_tier, service_s, now)
+        if ticket.paced_in is not None:
+            self._policy.repace(ticket, pool.name, delta)
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),

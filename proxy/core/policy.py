@@ -7,7 +7,10 @@ For each free slot of a provider, among the calls that may use it:
    first; but while the most urgent waiting tier keeps calls waiting, floors are granted
    ahead of it at most the slot-seconds its share lets them beside what it was granted
    meanwhile (``w_others / w_urgent`` times it), so a debt is paid between its calls, not
-   as a run of calls ahead of all of them.
+   as a run of calls ahead of all of them (what a call took beyond its claim counts when
+   its slot comes back, ``repace``). A floor ahead of its pace is offered the slot after
+   the urgent tier: it takes one the headroom keeps from urgent if its own call may pass
+   the hold (rule 4).
 2. *Urgency.* Otherwise the most urgent tier with a call waiting (tiers of weight 0, the
    background, after every other).
 3. *Within a tier*: a call at risk (less than ``rescue_fraction`` of its ``max_wait_s``
@@ -121,13 +124,15 @@ class Policy:
         paced = self._paced.get(pool.name)
         if paced is None or paced[0] != urgent:
             paced = self._paced[pool.name] = [urgent, 0.0, 0.0]
-        share = self.floors.shares[urgent]
-        owed = self.owed_tier(pool, counts, urgent, now) if (
-            not share or paced[1] * share <= paced[2] * (1.0 - share)) else None
+        owed = self.owed_tier(pool, counts, urgent, now)
         if owed is not None:
             owed_head = self.head(pool, owed, now)
             if owed_head is not None:  # else its calls cannot use this provider now
-                order = ((owed, owed_head), (urgent, urgent_head))
+                share = self.floors.shares[urgent]
+                if not share or paced[1] * share <= paced[2] * (1.0 - share):
+                    order = ((owed, owed_head), (urgent, urgent_head))
+                else:  # ahead of its pace: only a slot the headroom keeps from urgent
+                    order = ((urgent, urgent_head), (owed, owed_head))
         free = pool.free(now)
         headroom, reserves, running, limit = self._headroom, self.reserves, pool.running, pool.limit
         for tier, head in order:
@@ -137,20 +142,29 @@ class Policy:
                     or 1.0 - left / max_wait_s >= HOLD_PATIENCE):
                 if left < self.settings.rescue_fraction * max_wait_s:  # at risk
                     head = self.head(pool, tier, now, earliest=True) or head
-                if tier != urgent:
-                    paced[1] += self.claim(pool.name, head[0])
-                elif counts[urgent] > 1:
-                    paced[2] += self.claim(pool.name, head[0])
-                else:  # its last waiting call: the next to wait starts afresh
+                ticket = head[0]
+                counted = 1 if tier != urgent else 2 if counts[urgent] > 1 else 0
+                if counted:  # corrected by what it took when its slot comes back (repace)
+                    paced[counted] += self.claim(pool.name, ticket)
+                    ticket.paced_in, ticket.paced_as = paced, counted
+                else:  # urgent's last waiting call: the next to wait starts afresh
                     del self._paced[pool.name]
                 return head
         # Keep the slot for the more urgent arrivals the headroom expects; note how many of
         # the free slots the adaptive part keeps (its budget counts what it idles; what a
         # fixed reserve keeps is free of it).
-        fixed = headroom.held_against(pool.name, order[-1][0], now, reserves, running, limit,
+        fixed = headroom.held_against(pool.name, urgent, now, reserves, running, limit,
                                       adaptive=False)
         self.holding = free - fixed if free > fixed else 0
         return None
+
+    def repace(self, ticket: Ticket, pool: str, delta_s: float) -> None:
+        """``ticket``'s slot of ``pool`` came back having taken ``delta_s`` more than it
+        claimed: the pace it counted in, if that episode goes on, counts the rest. (A call
+        that took less is not refunded: a claim too large is capped when it is made.)"""
+        episode, ticket.paced_in = ticket.paced_in, None
+        if delta_s > 0.0 and episode is not None and episode is self._paced.get(pool):
+            episode[ticket.paced_as] += delta_s
 
     def owed_tier(self, pool: Pool, counts: Sequence[int], urgent: int,
                   now: float) -> int | None:
@@ -285,9 +299,7 @@ class Policy:
             per_tier[tier])
         per_tier[tier] = service_s if service_s > kept else kept
         stamps[tier] = now
-        cached = self._longest_cache.get(pool)
-        if cached is not None:  # within its second the decay is negligible: kept, updated
-            cached[1][tier] = per_tier[tier]
+        self._longest_cache.pop(pool, None)
 
     def held_against(self, pool: Pool, tier: int, now: float) -> int:
         return self._headroom.held_against(pool.name, tier, now, self.reserves, pool.running,

@@ -6,8 +6,9 @@ A bound on a p99 judged on one seed's calls turns on a handful of calls: one unl
 arrival moves it past strict priority's by more than any policy change does. Pooled, each
 seed's calls follow the last one's after everything of it ended, under every discipline
 (so no wait, busy slot or window spans two seeds); the p99s, floors, idle time and key
-shares are then those of all the calls, and the makespans add up. A tier's load at its
-peak is the highest of any seed's.
+shares are then those of all the calls, and the makespans add up (so does the makespan
+bound's allowance of one longest call). A tier's load at its peak is the highest of any
+seed's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def pooled(build: Callable[[int], Scenario], seeds: int,
     about = first.about + (f" (seeds 0-{len(drawn) - 1})" if len(drawn) > 1 else "")
     peaks = [peak_loads(s) for s in drawn]
     loads = {tier: max(p[tier] for p in peaks) for tier in peaks[0]}
-    row = judged(dataclasses.replace(first, about=about, calls=calls), merged, loads)
+    row = judged(dataclasses.replace(first, about=about, calls=calls), merged, loads,
+                 len(drawn))
     row.took_s = time.perf_counter() - started
     return row
 
