@@ -54,6 +54,13 @@ def simulate_share(weights: Sequence[float], ests: Sequence[float], slots: int,
     ((2, 1), (0.5, 4.0), 2),          # a weight is a share of slot time, not of calls
     ((1, 3), (3.0, 0.3), 1),          # the less urgent tier may have the larger share
     ((8, 4, 2, 1), (0.5, 2.0, 8.0, 20.0), 4),
+    # Calls longer than the claim cap (4x the provider's mean): each was charged the cap
+    # when it started, so its tier was owed again before its slot came back and took 1.4x
+    # (19.7 s), 2.4x (40 s), 1.6x (10 slots) or 1.3x (4:2:1:1) its floor.
+    ((8, 4, 2, 1), (0.5, 2.0, 8.0, 19.7), 4),
+    ((8, 4, 2, 1), (0.5, 2.0, 8.0, 40.0), 4),
+    ((8, 4, 2, 1), (0.5, 2.0, 8.0, 20.0), 10),
+    ((4, 2, 1, 1), (0.5, 2.0, 8.0, 20.0), 4),
 ])
 def test_when_every_tier_waits_each_is_served_its_floor(
         weights: tuple[float, ...], ests: tuple[float, ...], slots: int) -> None:

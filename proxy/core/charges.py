@@ -42,9 +42,13 @@ class Charges:
     def retag(self, queued: Iterable[Ticket], running: Iterable[Ticket], likely: dict[
             Ticket, str]) -> None:
         """After a reload (keys' shares start over): running calls go back to the front
-        if they are re-tried, queued ones are tagged anew in arrival order."""
+        if they are re-tried, queued ones are tagged anew in arrival order; what running
+        calls claimed beyond their charge is noted again (``started``)."""
         for ticket in running:
             ticket.tag = 0.0
+            if ticket.est_service_s > ticket.charged_s and ticket.pool is not None:
+                self._uncharged(ticket.pool)[ticket.current_tier] += (
+                    ticket.est_service_s - ticket.charged_s)
         for ticket in sorted(queued, key=lambda t: t.order):
             ticket.key_claim_s = self._policy.claim(likely[ticket], ticket)
             ticket.tag = self.keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
@@ -54,6 +58,8 @@ class Charges:
         """``ticket`` got a slot of ``pool``."""
         tier = ticket.current_tier
         ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
+        if ticket.est_service_s > charged:
+            self._uncharged(pool.name)[tier] += ticket.est_service_s - charged
         ticket.floor_paid_s = 0.0
         if self._queues.queued:  # floors only move while calls wait
             ticket.floor_paid_s = self._floors.serve(
@@ -67,6 +73,9 @@ class Charges:
         """``ticket``'s slot of ``pool`` came back after ``service_s`` (if known), or
         unused: every charge is corrected by the difference from what it claimed."""
         delta = 0.0
+        if ticket.est_service_s > ticket.charged_s:
+            self._uncharged(pool.name)[ticket.current_tier] -= (
+                ticket.est_service_s - ticket.charged_s)
         if not used:
             delta = -ticket.charged_s
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
@@ -81,6 +90,12 @@ class Charges:
                                self._policy.credit_cap(pool, now), ticket.floor_paid_s)
             self.keys.correct(tier, ticket.key, ticket.key_weight, delta)
             self.stats.served(tier, ticket.key, delta, now)
+
+    def _uncharged(self, pool: str) -> list[float]:
+        found = self._policy.uncharged.get(pool)
+        if found is None:
+            found = self._policy.uncharged[pool] = [0.0] * len(self._queues.depth)
+        return found
 
     def unclaim(self, ticket: Ticket) -> None:
         """``ticket`` leaves without having been served: its key is not charged."""

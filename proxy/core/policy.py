@@ -70,6 +70,9 @@ class Policy:
         # Per provider, while its most urgent waiting tier stays the same: [that tier,
         # slot-seconds granted to floors ahead of it, slot-seconds granted to it].
         self._paced: dict[str, list[float]] = {}
+        # Per provider and tier, what the calls running claimed beyond the cap they were
+        # charged (``claim``): a tier is not owed on credit they are about to use.
+        self.uncharged: dict[str, list[float]] = {}
         self.set_weights([t.weight for t in settings.tiers])
 
     def set_weights(self, weights: Sequence[float]) -> None:
@@ -176,7 +179,10 @@ class Policy:
         owed: int | None = None
         most = 1.0
         longest: list[float] | None = None
+        uncharged = self.uncharged.get(pool.name)
         for tier, credit in enumerate(credits):
+            if uncharged is not None:
+                credit -= uncharged[tier]
             if credit > 0.0 and counts[tier] and tier != urgent:
                 if longest is None:
                     longest = self._longest_now(pool.name, now)
