@@ -9,9 +9,10 @@ The credit never falls below zero and drops to zero when the tier stops waiting,
 the largest shortfall of any window that ends now and in which the tier waited throughout:
 being served above the floor by urgency, or idling, banks nothing.
 
-A tier is *owed* once its credit reaches one of its longest calls (the longest recent
-service time of its calls on the provider; a call cannot be served in parts, so a floor
-is kept call by call); the policy then
+A tier is *owed* once its credit, less what its running calls claimed beyond the charge
+they were capped at (``Policy.uncharged``), reaches one of its longest calls (the longest
+recent service time of its calls on the provider; a call cannot be served in parts, so a
+floor is kept call by call); the policy then
 gives it the next free slot before urgency decides (``proxy.core.policy``), paced against
 the most urgent waiting tier by their shares. So in any
 window in which a tier waits throughout, it is served at least its share of what was
