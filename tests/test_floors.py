@@ -363,3 +363,27 @@ def test_an_urgent_tier_that_claims_nothing_still_lets_the_floors_be_paid() -> N
     low_grants = [at for at, t, _ in grants if t in lows]
     assert len(low_grants) >= 20, low_grants  # about its half of 30 s: 29 calls of 0.5 s
     assert max(at for at, t, _ in grants if t not in lows) > 25.0  # critical waited throughout
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "granted elsewhere"])
+def test_a_pace_ends_with_its_urgent_tiers_last_waiting_call_however_it_leaves(
+        leaves: str) -> None:
+    """Found in review: a pace ended only when the urgent tier's last waiting call was
+    granted on the pace's provider, so one whose calls were cancelled, or served by another
+    provider, lived on and its next calls inherited what the floors had been granted."""
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1, "q": 1}, tiers, headroom_spread=None)
+    k.occupy(0.0, "p", tier=1)
+    k.occupy(0.0, "q", tier=1)
+    waiting = [ticket(0, 1.0, ("p", "q")) for _ in range(2)]
+    for t in waiting:
+        k.submit(t, 0.0)
+    k.submit(ticket(1, 1.0, ("p",)), 0.0)
+    k.release("p", 1.0, 1.0)  # critical is granted on p: a pace begins there
+    assert "p" in k.s._policy._paced
+    if leaves == "cancelled":
+        k.s.cancel(waiting[1], 1.5)
+    else:
+        k.release("q", 1.5, 1.0)
+    assert k.granted(waiting[0]) and waiting[1].state is not TicketState.QUEUED
+    assert "p" not in k.s._policy._paced

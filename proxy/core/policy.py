@@ -161,6 +161,16 @@ class Policy:
         self.holding = free - fixed if free > fixed else 0
         return None
 
+    def left(self, pools: Iterable[Pool], tier: int) -> None:
+        """A call of ``tier`` left the queues of ``pools`` other than by a grant there
+        (cancelled, refused, or granted by another provider): where it was the urgent
+        tier's last waiting call, the next to wait starts a pace afresh."""
+        for pool in pools:
+            paced = self._paced.get(pool.name)
+            if paced is not None and paced[0] == tier and not self._queues.count(pool.name,
+                                                                                  tier):
+                del self._paced[pool.name]
+
     def repace(self, ticket: Ticket, pool: str, delta_s: float) -> None:
         """``ticket``'s slot of ``pool`` came back having taken ``delta_s`` more than it
         claimed: the pace it counted in, if that episode goes on, counts the rest. (A call

@@ -353,6 +353,8 @@ class Scheduler:
                 ticket, gate = chosen
                 queues.discard(ticket, DISPATCHED)
                 self._dispatch(ticket, gate, now)
+                self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
+                                  ticket.current_tier)  # it waited for its other pools too
         self._headroom.note_idle(pool.name, now, held)
 
     def _dispatch(self, ticket: Ticket, gate: Gate, now: float) -> None:
@@ -389,6 +391,8 @@ class Scheduler:
 
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
+        self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
+                          ticket.current_tier)
         ticket.waited_s += now - ticket.queued_at
         self._charges.unclaim(ticket)
 
