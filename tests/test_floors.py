@@ -365,25 +365,76 @@ def test_an_urgent_tier_that_claims_nothing_still_lets_the_floors_be_paid() -> N
     assert max(at for at, t, _ in grants if t not in lows) > 25.0  # critical waited throughout
 
 
-@pytest.mark.parametrize("leaves", ["cancelled", "granted elsewhere"])
+@pytest.mark.parametrize("leaves", ["cancelled", "granted elsewhere", "promoted"])
 def test_a_pace_ends_with_its_urgent_tiers_last_waiting_call_however_it_leaves(
         leaves: str) -> None:
     """Found in review: a pace ended only when the urgent tier's last waiting call was
-    granted on the pace's provider, so one whose calls were cancelled, or served by another
-    provider, lived on and its next calls inherited what the floors had been granted."""
-    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
-    k = Kit({"p": 1, "q": 1}, tiers, headroom_spread=None)
-    k.occupy(0.0, "p", tier=1)
-    k.occupy(0.0, "q", tier=1)
-    waiting = [ticket(0, 1.0, ("p", "q")) for _ in range(2)]
+    granted on the pace's provider, so one whose calls were cancelled, served by another
+    provider or moved up a tier lived on, and its next calls inherited what the floors had
+    been granted."""
+    tiers = (TierSpec("top", 1, max_wait_s=1e9), TierSpec("critical", 1, max_wait_s=1e9),
+             TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1, "q": 1}, tiers, headroom_spread=None, tier_promote_after_s=10.0)
+    k.occupy(0.0, "p", tier=2)
+    k.occupy(0.0, "q", tier=2)
+    waiting = [ticket(1, 1.0, ("p", "q"), ceiling=0) for _ in range(2)]
     for t in waiting:
         k.submit(t, 0.0)
-    k.submit(ticket(1, 1.0, ("p",)), 0.0)
+    k.submit(ticket(2, 1.0, ("p",), ceiling=2), 0.0)
     k.release("p", 1.0, 1.0)  # critical is granted on p: a pace begins there
     assert "p" in k.s._policy._paced
     if leaves == "cancelled":
         k.s.cancel(waiting[1], 1.5)
-    else:
+    elif leaves == "granted elsewhere":
         k.release("q", 1.5, 1.0)
-    assert k.granted(waiting[0]) and waiting[1].state is not TicketState.QUEUED
+    else:
+        k.advance(11.0)
+        assert waiting[1].current_tier == 0
+    assert k.granted(waiting[0])
+    assert waiting[1].state is not TicketState.QUEUED or waiting[1].current_tier == 0
     assert "p" not in k.s._policy._paced
+
+
+def test_a_slot_given_back_unused_leaves_the_pace_as_it_was() -> None:
+    """Found in review: a grant given back (its provider's rate limit was spent) still
+    counted in the pace, so a floor call re-queued that way counted twice."""
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 1}, tiers, headroom_spread=None)
+    k.submit(first := ticket(1, 0.5), 0.0)
+    lows = [ticket(1, 0.5) for _ in range(4)]
+    for t in [*lows, *(ticket(0, 1.0) for _ in range(6))]:
+        k.submit(t, 0.0)
+    k.finish(first, 0.5, 0.5)
+    now = 0.5
+    while not any(k.granted(t) for t in lows):  # critical runs until low is owed
+        running = k.running["p"][0]
+        now += 1.0
+        k.finish(running, now, 1.0)
+    pace = k.s._policy._paced["p"]
+    before = pace[1] - 0.5  # what the floors had been granted before this low call
+    low = next(t for t in lows if k.granted(t))
+    k.running["p"].remove(low)
+    k.s.give_back(low, now)
+    again = [d.ticket for d in k.collect().dispatches if d.ticket.tier == 1]  # owed still
+    assert pace[1] == pytest.approx(before + sum(t.est_service_s for t in again))
+
+
+def test_a_call_that_claims_far_too_much_does_not_hold_its_tiers_floor_back() -> None:
+    """Found in review: what a running call claimed beyond its capped charge counted whole
+    against its tier's credit, so one call claiming 100,000 s cancelled the floor of every
+    key of its tier while it ran. It counts at most one of the tier's longest calls."""
+    tiers = (TierSpec("critical", 1, max_wait_s=1e9), TierSpec("low", 1, max_wait_s=1e9))
+    k = Kit({"p": 2}, tiers, headroom_spread=None)
+    for i in range(20):  # the provider's mean: 1 s
+        k.submit(t := ticket(0, 1.0), float(i))
+        k.finish(t, i + 1.0, 1.0)
+    k.submit(big := ticket(1, 1e5), 30.0)  # runs throughout, claiming 100,000 s
+    k.submit(ticket(0, 1.0), 30.0)
+    lows = [ticket(1, 1.0) for _ in range(5)]
+    for t in [*lows, *(ticket(0, 1.0) for _ in range(30))]:
+        k.submit(t, 30.0)
+    served = 0
+    for now in range(31, 51):
+        other = next(t for t in k.running["p"] if t is not big)
+        served += sum(t in lows for t in k.finish(other, float(now), 1.0))
+    assert served == 5

@@ -101,8 +101,8 @@ def with_reserve(build: Callable[[int], Scenario], tier: str, slots: int) -> Cal
 def test_the_seed_peak_beside_a_fixed_reserve_over_five_seeds() -> None:
     """The adaptive headroom against the hand-written `reserve: 2` on chat, seeds 0-4 judged
     together: within 1.25x of its chat p99 (1.18 s against 0.97 s when measured), and no
-    worse for analysis, brief and the makespan (7.6 / 24.6 s / 222 s against 8.1 / 28.3 s /
-    243 s)."""
+    worse for analysis, brief and the makespan (8.3 / 25.7 s / 222 s against 9.7 / 27.7 s /
+    246 s)."""
     build = BUILDERS["seed-peak"]
     adaptive = pooled(build, 5, ("fcfs", "priority")).reports["proxy"]
     fixed = pooled(with_reserve(build, "high", 2), 5, ("fcfs", "priority")).reports["proxy"]

@@ -46,9 +46,8 @@ class Charges:
         calls claimed beyond their charge is noted again (``started``)."""
         for ticket in running:
             ticket.tag = 0.0
-            if ticket.est_service_s > ticket.charged_s and ticket.pool is not None:
-                self._uncharged(ticket.pool)[ticket.current_tier] += (
-                    ticket.est_service_s - ticket.charged_s)
+            if ticket.over_s and ticket.pool is not None:
+                self._uncharged(ticket.pool)[ticket.current_tier] += ticket.over_s
         for ticket in sorted(queued, key=lambda t: t.order):
             ticket.key_claim_s = self._policy.claim(likely[ticket], ticket)
             ticket.tag = self.keys.arrive(ticket.current_tier, ticket.key, ticket.key_weight,
@@ -58,8 +57,13 @@ class Charges:
         """``ticket`` got a slot of ``pool``."""
         tier = ticket.current_tier
         ticket.charged_s = charged = self._policy.claim(pool.name, ticket)
-        if ticket.est_service_s > charged:
-            self._uncharged(pool.name)[tier] += ticket.est_service_s - charged
+        ticket.over_s = 0.0
+        if ticket.est_service_s > charged:  # capped: the rest, as far as its tier's calls go
+            unit = self._policy.unit(pool, tier, now)
+            over = (unit if unit < ticket.est_service_s else ticket.est_service_s) - charged
+            if over > 0.0:
+                ticket.over_s = over
+                self._uncharged(pool.name)[tier] += over
         ticket.floor_paid_s = 0.0
         if self._queues.queued:  # floors only move while calls wait
             ticket.floor_paid_s = self._floors.serve(
@@ -73,9 +77,9 @@ class Charges:
         """``ticket``'s slot of ``pool`` came back after ``service_s`` (if known), or
         unused: every charge is corrected by the difference from what it claimed."""
         delta = 0.0
-        if ticket.est_service_s > ticket.charged_s:
-            self._uncharged(pool.name)[ticket.current_tier] -= (
-                ticket.est_service_s - ticket.charged_s)
+        if ticket.over_s:
+            self._uncharged(pool.name)[ticket.current_tier] -= ticket.over_s
+            ticket.over_s = 0.0
         if not used:
             delta = -ticket.charged_s
         elif service_s is not None and math.isfinite(service_s) and service_s >= 0:
@@ -83,7 +87,7 @@ class Charges:
             self._headroom.correct(pool.name, ticket.tier, delta, ticket.arrived, now)
             self._policy.served(pool.name, ticket.current_tier, service_s, now)
         if ticket.paced_in is not None:
-            self._policy.repace(ticket, pool.name, delta)
+            self._policy.repace(ticket, pool.name, delta, refund=not used)
         if delta:
             tier = ticket.current_tier
             self._floors.serve(pool.name, tier, delta, self._queues.counts(pool.name),

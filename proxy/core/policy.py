@@ -71,7 +71,8 @@ class Policy:
         # slot-seconds granted to floors ahead of it, slot-seconds granted to it].
         self._paced: dict[str, list[float]] = {}
         # Per provider and tier, what the calls running claimed beyond the cap they were
-        # charged (``claim``): a tier is not owed on credit they are about to use.
+        # charged (``claim``), at most one of the tier's longest calls each: a tier is not
+        # owed on credit they are about to use.
         self.uncharged: dict[str, list[float]] = {}
         self.set_weights([t.weight for t in settings.tiers])
 
@@ -171,13 +172,16 @@ class Policy:
                                                                                   tier):
                 del self._paced[pool.name]
 
-    def repace(self, ticket: Ticket, pool: str, delta_s: float) -> None:
+    def repace(self, ticket: Ticket, pool: str, delta_s: float, refund: bool) -> None:
         """``ticket``'s slot of ``pool`` came back having taken ``delta_s`` more than it
-        claimed: the pace it counted in, if that episode goes on, counts the rest. (A call
-        that took less is not refunded: a claim too large is capped when it is made.)"""
+        claimed: the pace it counted in, if that episode goes on, counts the rest. A call
+        that took less is not refunded (a claim too large is capped when it is made), but
+        one that gave its slot back unused is (``refund``)."""
         episode, ticket.paced_in = ticket.paced_in, None
-        if delta_s > 0.0 and episode is not None and episode is self._paced.get(pool):
-            episode[ticket.paced_as] += delta_s
+        if (delta_s > 0.0 or refund) and episode is not None and episode is self._paced.get(
+                pool):
+            value = episode[ticket.paced_as] + delta_s
+            episode[ticket.paced_as] = value if value > 0.0 else 0.0
 
     def owed_tier(self, pool: Pool, counts: Sequence[int], urgent: int,
                   now: float) -> int | None:

@@ -374,7 +374,9 @@ class Scheduler:
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
-        self._queues.promote_tiers(now, self._charges.keys.virtual)
+        for ticket in self._queues.promote_tiers(now, self._charges.keys.virtual):
+            self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
+                              ticket.current_tier + 1)
         self._queues.age(now)
 
     # --- bookkeeping --------------------------------------------------------------------

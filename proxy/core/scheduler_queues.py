@@ -155,10 +155,14 @@ class TicketQueues:
                 continue
             self._move(ticket, ticket.current_tier, ticket.level - 1, due)
 
-    def promote_tiers(self, now: float, virtual: Sequence[float]) -> None:
+    def promote_tiers(self, now: float, virtual: Sequence[float]) -> Sequence[Ticket]:
         """Move every ticket that waited long enough in its own tier up one tier, once, and
-        never above its ceiling; it starts there at the tier's virtual time ``virtual``."""
+        never above its ceiling; it starts there at the tier's virtual time ``virtual``.
+        Returns the tickets moved."""
         heap = self._promotions
+        if not heap or heap[0][0] > now:
+            return ()
+        moved: list[Ticket] = []
         while heap and heap[0][0] <= now:
             _, _, visit, ticket = heapq.heappop(heap)
             self._entries -= 1
@@ -168,6 +172,8 @@ class TicketQueues:
             ticket.promoted = True
             ticket.tag = virtual[ticket.current_tier - 1]
             self._move(ticket, ticket.current_tier - 1, ticket.level, ticket.entered_level)
+            moved.append(ticket)
+        return moved
 
     def next_tier_promotion(self) -> float:
         return self._peek(self._promotions, promotion=True)

@@ -166,6 +166,8 @@ class Ticket:
     queued_at: float = field(init=False, default=math.nan)  # start of this pass
     charged_s: float = field(init=False, default=0.0)  # to its floor, until released
     floor_paid_s: float = field(init=False, default=0.0)  # of it, what its tier's credit paid
+    # While it runs, what of its claim beyond its charge counts against its tier's credit.
+    over_s: float = field(init=False, default=0.0)
     # The floors' pace its grant counted in (Policy.choose), and where: 1 floor, 2 urgent.
     paced_in: list[float] | None = field(init=False, default=None)
     paced_as: int = field(init=False, default=0)
