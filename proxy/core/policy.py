@@ -147,12 +147,9 @@ class Policy:
                 if left < self.settings.rescue_fraction * max_wait_s:  # at risk
                     head = self.head(pool, tier, now, earliest=True) or head
                 ticket = head[0]
-                counted = 1 if tier != urgent else 2 if counts[urgent] > 1 else 0
-                if counted:  # corrected by what it took when its slot comes back (repace)
-                    paced[counted] += self.claim(pool.name, ticket)
-                    ticket.paced_in, ticket.paced_as = paced, counted
-                else:  # urgent's last waiting call: the next to wait starts afresh
-                    del self._paced[pool.name]
+                counted = 1 if tier != urgent else 2
+                paced[counted] += self.claim(pool.name, ticket)  # and what it took: repace
+                ticket.paced_in, ticket.paced_as = paced, counted
                 return head
         # Keep the slot for the more urgent arrivals the headroom expects; note how many of
         # the free slots the adaptive part keeps (its budget counts what it idles; what a
@@ -162,15 +159,12 @@ class Policy:
         self.holding = free - fixed if free > fixed else 0
         return None
 
-    def left(self, pools: Iterable[Pool], tier: int) -> None:
-        """A call of ``tier`` left the queues of ``pools`` other than by a grant there
-        (cancelled, refused, or granted by another provider): where it was the urgent
-        tier's last waiting call, the next to wait starts a pace afresh."""
-        for pool in pools:
-            paced = self._paced.get(pool.name)
-            if paced is not None and paced[0] == tier and not self._queues.count(pool.name,
-                                                                                  tier):
-                del self._paced[pool.name]
+    def emptied(self, pool: str, tier: int) -> None:
+        """No call of ``tier`` waits for ``pool`` any more (served, cancelled, refused or
+        moved up a tier): a pace against it ends; its next call to wait starts afresh."""
+        paced = self._paced.get(pool)
+        if paced is not None and paced[0] == tier:
+            del self._paced[pool]
 
     def repace(self, ticket: Ticket, pool: str, delta_s: float, refund: bool) -> None:
         """``ticket``'s slot of ``pool`` came back having taken ``delta_s`` more than it

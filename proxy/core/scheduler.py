@@ -99,6 +99,7 @@ class Scheduler:
         self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
                                   self._floors.shares, settings.headroom_budget)
         self._policy = Policy(settings, self._queues, self._floors, self._headroom)
+        self._queues.on_emptied = self._policy.emptied
         self._charges = Charges(self._policy, self._queues, self._floors, self._headroom,
                                 KeyTags(count), stats)
 
@@ -353,8 +354,6 @@ class Scheduler:
                 ticket, gate = chosen
                 queues.discard(ticket, DISPATCHED)
                 self._dispatch(ticket, gate, now)
-                self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
-                                  ticket.current_tier)  # it waited for its other pools too
         self._headroom.note_idle(pool.name, now, held)
 
     def _dispatch(self, ticket: Ticket, gate: Gate, now: float) -> None:
@@ -374,9 +373,7 @@ class Scheduler:
         self._out.dispatches.append(Dispatch(ticket, gate.id, pool.name))
 
     def _catch_up(self, now: float) -> None:
-        for ticket in self._queues.promote_tiers(now, self._charges.keys.virtual):
-            self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
-                              ticket.current_tier + 1)
+        self._queues.promote_tiers(now, self._charges.keys.virtual)
         self._queues.age(now)
 
     # --- bookkeeping --------------------------------------------------------------------
@@ -393,8 +390,6 @@ class Scheduler:
 
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)
-        self._policy.left(self._capacity.gates_and_pools(ticket.candidates)[1],
-                          ticket.current_tier)
         ticket.waited_s += now - ticket.queued_at
         self._charges.unclaim(ticket)
 

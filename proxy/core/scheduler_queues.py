@@ -30,6 +30,7 @@ _STALE_FACTOR = 14
 _COMPACT_SLACK = 4096
 
 Entry = tuple[float, int, int, Ticket]  # (sort key, order, epoch or visit, ticket)
+Row = tuple[str, list[int], list[float]]  # a pool's name, its counts and seconds per tier
 
 
 class Cohort:
@@ -81,11 +82,14 @@ class TicketQueues:
         self._levels = levels
         self._promote_after = tuple(tuple(p) for p in promote_after_s)
         self._on_count = on_count  # (tier, key, +1 / -1) whenever a ticket joins or leaves
+        # (pool, tier) whenever a ticket leaving a tier (served, cancelled, refused, moved up
+        # a tier) leaves none of that tier waiting for the pool.
+        self.on_emptied: Callable[[str, int], None] | None = None
         self._tier_promote_after = tuple(tier_promote_after_s)
         self._resolve = resolve
         self._cohorts: dict[tuple[int, int, tuple[str, ...]], Cohort] = {}
         self._cohorts_for: dict[str, list[list[list[Cohort]]]] = {}
-        self._rows_of: dict[tuple[str, ...], tuple[tuple[list[int], list[float]], ...]] = {}
+        self._rows_of: dict[tuple[str, ...], tuple[Row, ...]] = {}
         self._aging: list[Entry] = []
         self._promotions: list[Entry] = []
         self._deadlines: list[Entry] = []
@@ -136,6 +140,7 @@ class TicketQueues:
         del self._live[ticket]
         self.queued = len(self._live)
         self._count(ticket, -1)
+        self._emptied(ticket, ticket.current_tier)
         if self._entries > _STALE_FACTOR * self.queued + _COMPACT_SLACK:
             self._compact()
 
@@ -155,14 +160,10 @@ class TicketQueues:
                 continue
             self._move(ticket, ticket.current_tier, ticket.level - 1, due)
 
-    def promote_tiers(self, now: float, virtual: Sequence[float]) -> Sequence[Ticket]:
+    def promote_tiers(self, now: float, virtual: Sequence[float]) -> None:
         """Move every ticket that waited long enough in its own tier up one tier, once, and
-        never above its ceiling; it starts there at the tier's virtual time ``virtual``.
-        Returns the tickets moved."""
+        never above its ceiling; it starts there at the tier's virtual time ``virtual``."""
         heap = self._promotions
-        if not heap or heap[0][0] > now:
-            return ()
-        moved: list[Ticket] = []
         while heap and heap[0][0] <= now:
             _, _, visit, ticket = heapq.heappop(heap)
             self._entries -= 1
@@ -172,8 +173,6 @@ class TicketQueues:
             ticket.promoted = True
             ticket.tag = virtual[ticket.current_tier - 1]
             self._move(ticket, ticket.current_tier - 1, ticket.level, ticket.entered_level)
-            moved.append(ticket)
-        return moved
 
     def next_tier_promotion(self) -> float:
         return self._peek(self._promotions, promotion=True)
@@ -274,6 +273,8 @@ class TicketQueues:
 
     def _move(self, ticket: Ticket, tier: int, level: int, entered: float) -> None:
         self._count(ticket, -1)
+        if tier != ticket.current_tier:
+            self._emptied(ticket, ticket.current_tier)
         ticket.current_tier = tier
         ticket.level = level
         ticket.entered_level = entered
@@ -290,15 +291,23 @@ class TicketQueues:
         rows = self._rows_of.get(ticket.candidates)
         if rows is None:
             rows = self._rows(ticket.candidates)
-        for counts, pool_s in rows:
+        for _, counts, pool_s in rows:
             counts[tier] += delta
             pool_s[tier] += seconds
 
-    def _rows(self, candidates: tuple[str, ...]) -> tuple[tuple[list[int], list[float]], ...]:
-        """Per pool the candidates could use, its counts and seconds per tier."""
+    def _emptied(self, ticket: Ticket, tier: int) -> None:
+        """``ticket`` has just left ``tier``: tell ``on_emptied`` of the pools it left with
+        none of the tier waiting."""
+        if self.on_emptied is not None:
+            for pool, counts, _ in self._rows_of[ticket.candidates]:
+                if not counts[tier]:
+                    self.on_emptied(pool, tier)
+
+    def _rows(self, candidates: tuple[str, ...]) -> tuple[Row, ...]:
+        """Per pool the candidates could use: its name, counts and seconds per tier."""
         rows = []
         for pool in self._resolve(candidates):
-            rows.append((self._pool_count.setdefault(pool, [0] * self._tiers),
+            rows.append((pool, self._pool_count.setdefault(pool, [0] * self._tiers),
                          self._pool_s.setdefault(pool, [0.0] * self._tiers)))
         found = self._rows_of[candidates] = tuple(rows)
         return found

@@ -203,10 +203,10 @@ def checks(scenario: Scenario, sims: dict[str, Simulation],
     if not any(o.code for o in fcfs.outcomes):
         longest = max(o.service_s for o in proxy.outcomes)
         ratio = proxy.makespan_s / fcfs.makespan_s if fcfs.makespan_s else 1.0
-        calls = "one longest call" if draws == 1 else f"{draws} longest calls, one a draw"
+        allowance = "one longest call" if draws == 1 else f"{draws} longest calls, one a draw"
         out.append(Check("makespan",
                          proxy.makespan_s <= 1.02 * fcfs.makespan_s + draws * longest,
-                         f"{ratio:.3f}x FCFS (the bound: 1.02x + {calls}, "
+                         f"{ratio:.3f}x FCFS (the bound: 1.02x + {allowance}, "
                          f"{longest:.1f} s)"))
     idle, served = idle_while_waiting(proxy, sum(slots_of(config).values()))
     out.append(Check("idle", idle <= 0.02 * served, f"{idle:.1f} slot-s idle while calls "
