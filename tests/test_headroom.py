@@ -10,8 +10,10 @@ import math
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.core.headroom import BUDGET_HORIZON_S
+from proxy.core.headroom import BUDGET_HORIZON_S, Headroom
 from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, Kit, ticket
 
@@ -23,10 +25,11 @@ def staffed(load: float, spread: float = 1.0) -> int:
     return math.ceil(load + spread * math.sqrt(load) - 0.05)
 
 
-@pytest.mark.parametrize(("urgent", "low_dispatched"), [(False, 4), (True, 2)])
+@pytest.mark.parametrize(("urgent", "low_dispatched"), [(False, 4), (True, 1)])
 def test_adaptive_headroom_follows_urgent_demand(urgent: bool, low_dispatched: int) -> None:
-    """Urgent calls claiming 1 s every 0.5 s for 20 s: an EWMA (30 s) of about one busy
-    slot of demand, staffed with 1 + sqrt(1): 2 slots held."""
+    """Urgent calls claiming 1 s every 0.5 s for 20 s: two busy slots of demand. An EWMA
+    (30 s) started 20 s ago sees one; bias-corrected, two, staffed with 2 + sqrt(2): 4
+    slots, at most the floors of the tiers above low (12/15 of 4 slots): 3 held."""
     k = Kit({"p": 4}, **UNLIMITED)
     now = k.urgent_flow(0.0, 20.0) if urgent else 20.0
     lows = [ticket(3, 30.0) for _ in range(4)]
@@ -35,7 +38,8 @@ def test_adaptive_headroom_follows_urgent_demand(urgent: bool, low_dispatched: i
     assert sum(k.granted(t) for t in lows) == low_dispatched
     if urgent:
         load = k.s._headroom.offered("p", 0, now)
-        assert staffed(load) == 2 == k.s.held_back("p", 3, now)
+        assert load == pytest.approx(2.0, rel=0.03)
+        assert staffed(load) == 4 and k.s.held_back("p", 3, now) == 3
         urgent_call = ticket(0, 1.0)
         k.submit(urgent_call, now)
         assert k.granted(urgent_call)
@@ -126,7 +130,7 @@ def test_adaptive_headroom_lapses_without_urgent_arrivals() -> None:
     lows = [ticket(3, 30.0) for _ in range(4)]
     for t in lows:
         k.submit(t, now)
-    assert [t.state for t in lows].count(TicketState.QUEUED) == 2
+    assert [t.state for t in lows].count(TicketState.QUEUED) == 3
     wakeup = k.s.next_wakeup(now)
     assert wakeup is not None
     assert now < wakeup <= 20.0 + 30.0
@@ -209,11 +213,11 @@ def test_middle_tier_is_held_back_only_for_more_urgent_demand_within_their_floor
 
 @pytest.mark.parametrize("urgent_running", [0, 1, 2, 4])
 def test_urgent_calls_running_count_towards_their_adaptive_headroom(urgent_running: int) -> None:
-    k = Kit({"p": 8}, **UNLIMITED)
+    k = Kit({"p": 16}, **UNLIMITED)
     now = k.urgent_flow(0.0, 20.0, est=1.0, every=0.2)
     load = k.s._headroom.offered("p", 0, now)
-    assert 2.0 < load < 3.0  # the EWMA of 5 busy slots after 20 s of a 30 s horizon
-    assert k.s.held_back("p", 3, now) == staffed(load) == 4
+    assert 4.9 < load < 5.1  # 5 busy slots (an EWMA of 30 s, bias-corrected, after 20 s)
+    assert k.s.held_back("p", 3, now) == staffed(load) == 8
     running = [k.occupy(now) for _ in range(urgent_running)]  # arrivals too: more load
     assert k.s.held_back("p", 3, now) == max(
         0, staffed(k.s._headroom.offered("p", 0, now)) - urgent_running)
@@ -305,3 +309,92 @@ def test_a_fixed_reserve_holds_whatever_it_costs() -> None:
         k.submit(t, 0.0)
     assert sum(k.granted(t) for t in lows) == 2
     assert k.s.next_wakeup(0.0) == pytest.approx(60.0)  # only the calls' patience ends it
+
+
+SHARES = (8 / 15, 4 / 15, 2 / 15, 1 / 15)
+
+
+def test_a_peak_from_nothing_is_staffed_for_the_peak() -> None:
+    """Chat at 15/s x 0.2 s (3 busy slots) from a quiet start: an EWMA of 30 s that started
+    from nothing sees 0.7 slots of it after 8 s and 1.7 after 25 s; corrected for its age,
+    twice that at most (1.4) after 8 s and the 3 there are after 25 s, staffed with
+    3 + sqrt(3): 5 slots."""
+    k = Kit({"p": 16}, **UNLIMITED)
+    now = k.urgent_flow(0.0, 8.0, est=0.2, every=1 / 15)
+    raw = 3.0 * (1 - math.exp(-now / 30.0))
+    assert k.s._headroom.offered("p", 0, now) == pytest.approx(
+        raw / (1 - math.exp(-20.0 / 30.0)), rel=0.03)
+    now = k.urgent_flow(now, 25.0, est=0.2, every=1 / 15)
+    load = k.s._headroom.offered("p", 0, now)
+    assert load == pytest.approx(3.0, rel=0.03)
+    assert k.s.held_back("p", 3, now) == staffed(load) == 5
+
+
+def test_a_first_call_counts_once_and_a_first_few_at_most_as_often_as_they_came() -> None:
+    """The correction is at most the number of calls seen: one call that claims 1,000 s
+    (charged the longest level's bound, 30 s) is one such call in a horizon, not two."""
+    h = Headroom(4, 1.0, 30.0, SHARES)
+    h.record("p", 0, 30.0, 0.0)
+    assert h.offered("p", 0, 0.0) == pytest.approx(30.0 / 30.0)
+    h.record("p", 0, 30.0, 0.0)
+    assert h.offered("p", 0, 0.0) == pytest.approx(2 * 2 * 30.0 / 30.0)  # 2 calls: 2x
+    h.record("p", 0, 30.0, 0.0)
+    warm = 1 / (1 - math.exp(-20.0 / 30.0))  # the youngest age counted: 20 s, 2.05x
+    assert h.offered("p", 0, 0.0) == pytest.approx(3 * warm * 30.0 / 30.0)
+
+
+def test_the_correction_starts_again_when_a_tier_comes_back_from_quiet() -> None:
+    k = Kit({"p": 16}, **UNLIMITED)
+    k.urgent_flow(0.0, 20.0, est=0.2, every=1 / 15)
+    now = k.urgent_flow(100.0, 125.0, est=0.4, every=1 / 10)  # 4 busy slots, 25 s old
+    assert k.s._headroom.offered("p", 0, now) == pytest.approx(4.0, rel=0.05)
+
+
+@pytest.mark.parametrize(("spent", "held"), [(0.0, 8), (0.5, 8), (0.75, 4), (0.9, 2),
+                                             (1.0, 0)])
+def test_holds_shrink_as_they_spend_their_budget(spent: float, held: int) -> None:
+    """Five busy slots of urgent demand are staffed with 5 + sqrt(5): 8 slots, in full until
+    half of the budget is spent, then by what is left of it (twice that, at most 1): at
+    three quarters, half of 7.24 rounds up to 4."""
+    h = Headroom(4, 1.0, 30.0, SHARES, budget=0.1)
+    for i in range(300):
+        h.record("p", 0, 0.5, i / 10)  # 10/s x 0.5 s for 30 s
+    now = 30.0
+    assert h.offered("p", 0, now) == pytest.approx(5.0, rel=0.03)
+    h._idle["p"] = [spent * 0.1 * 16 * BUDGET_HORIZON_S, now, 0.0]
+    assert h.held_against("p", 3, now, [None] * 4, [0] * 4, 16) == held
+
+
+@given(arrivals=st.lists(st.tuples(st.floats(0.0, 3.0), st.integers(0, 1),
+                                   st.floats(0.05, 20.0)), min_size=1, max_size=30),
+       spent=st.floats(0.0, 1.2), holding=st.integers(0, 3),
+       capacity=st.integers(2, 12), running=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+       tier=st.integers(1, 3), budget=st.sampled_from([0.01, 0.05, 0.2]),
+       gap=st.floats(0.0, 10.0))
+def test_a_hold_never_lapses_before_the_wakeup_it_gives(
+        arrivals: list[tuple[float, int, float]], spent: float, holding: int,
+        capacity: int, running: tuple[int, int], tier: int, budget: float,
+        gap: float) -> None:
+    """Whatever the demand and the idle time spent: until the earlier of lapse_time and
+    budget_end, the slots held against a tier stay above the target they were asked for
+    (demand decays, the bias correction and what is left of the budget with it; a wake-up
+    past the moment would leave a slot idle that a waiting call could use)."""
+    h = Headroom(4, 1.0, 30.0, SHARES, budget=budget)
+    now = 0.0
+    for dt, urgent, service in arrivals:
+        now += dt
+        h.record("p", urgent, service, now)
+    # What holds idled so far (a fraction of the budget), and how many slots they keep now.
+    h._idle["p"] = [spent * budget * capacity * BUDGET_HORIZON_S, now, float(holding)]
+    now += gap
+    busy = [*running, 0, 0]
+    fixed: list[int | None] = [None] * 4
+    before = h.held_against("p", tier, now, fixed, busy, capacity)
+    for target in range(before):
+        lapse = h.lapse_time("p", tier, target, now, fixed, busy, capacity)
+        assert lapse is not None
+        spent = h.budget_end("p", now, capacity)
+        end = min(lapse, spent if spent is not None and spent > now else math.inf)
+        for step in range(200):
+            at = now + (end - now) * step / 200
+            assert h.held_against("p", tier, at, fixed, busy, capacity) > target, (at, end)

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from proxy.config.trace import TraceCall
-from proxy.sim.disciplines import reference, static_slots
+from proxy.sim.disciplines import reference, slots_of, static_slots
+from proxy.sim.run import simulate
 from proxy.sim.scenarios import BUILDERS, Scenario, call, config
-from proxy.sim.scoreboard import Row, checks, replay, run
+from proxy.sim.scoreboard import Row, checks, idle_while_waiting, replay, run
 from proxy.sim.seeds import pooled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,33 +86,57 @@ def test_every_bound_holds_on_other_seeds_too(name: str) -> None:
     assert not failed, failed
 
 
-def with_reserve(build: Callable[[int], Scenario], tier: str, slots: int) -> Callable[
-        [int], Scenario]:
+def with_settings(build: Callable[[int], Scenario], reserve: int | None = None,
+                  **scheduler: object) -> Callable[[int], Scenario]:
+    """``build``'s scenario with chat (``high``) given a fixed ``reserve``, or other
+    scheduler settings."""
     def built(seed: int) -> Scenario:
         scenario = build(seed)
         table = copy.deepcopy(scenario.table)
+        table["scheduler"].update(scheduler)  # type: ignore[attr-defined]
         for spec in table["tiers"]:  # type: ignore[attr-defined]
-            if spec["name"] == tier:
-                spec["reserve"] = slots
+            if spec["name"] == "high" and reserve is not None:
+                spec["reserve"] = reserve
         return dataclasses.replace(scenario, table=table)
     return built
 
 
+def draws_of(build: Callable[[int], Scenario], seeds: int) -> dict[str, float]:
+    """The proxy alone on seeds 0 to ``seeds`` - 1 of ``build``, pooled: each tier's p99
+    wait, the makespans added up, and the share of the slot-time served that holds left
+    idle while calls waited."""
+    waits: dict[str, list[float]] = {}
+    span = idle = served = 0.0
+    for seed in range(seeds):
+        scenario = build(seed)
+        sim = simulate(scenario.config, scenario.calls)
+        for o in sim.outcomes:
+            waits.setdefault(o.tier, []).append(o.wait_s)
+        span += sim.makespan_s
+        gaps, work = idle_while_waiting(sim, sum(slots_of(scenario.config).values()))
+        idle, served = idle + gaps, served + work
+    out = {tier: sorted(w)[int(0.99 * len(w))] for tier, w in waits.items()}
+    return {**out, "makespan": span, "idle": idle / served}
+
+
 @pytest.mark.e2e
-def test_the_seed_peak_beside_a_fixed_reserve_over_five_seeds() -> None:
-    """The adaptive headroom against the hand-written `reserve: 2` on chat, seeds 0-4 judged
-    together: within 1.25x of its chat p99 (1.18 s against 0.97 s when measured), and no
-    worse for analysis, brief and the makespan (8.3 / 25.7 s / 222 s against 9.7 / 27.7 s /
-    246 s)."""
+def test_the_seed_peak_beside_a_fixed_reserve() -> None:
+    """The adaptive headroom against the hand-written `reserve: 2` on chat, 50 draws of the
+    seed peak pooled (one draw's chat p99 turns on one episode of a few dozen calls). With
+    the default budget (1.5 %): chat p99 1.01 s against 0.85 s, and better on analysis,
+    brief, the makespan and idle time (9.0 / 28.2 s / 2,264 s / 1.5 % against 9.8 / 32.1 s /
+    2,433 s / 7.2 %). Given `headroom_budget: 0.03` it matches the chat p99 (0.86 s) and
+    still beats the rest (9.5 / 28.7 s / 2,283 s / 2.8 %)."""
     build = BUILDERS["seed-peak"]
-    adaptive = pooled(build, 5, ("fcfs", "priority")).reports["proxy"]
-    fixed = pooled(with_reserve(build, "high", 2), 5, ("fcfs", "priority")).reports["proxy"]
-    mine, theirs = adaptive["tiers"], fixed["tiers"]
-    assert isinstance(mine, dict) and isinstance(theirs, dict)
-    assert mine["high"]["p99"] <= 1.25 * theirs["high"]["p99"]
-    assert mine["normal"]["p99"] <= theirs["normal"]["p99"]
-    assert mine["low"]["p99"] <= theirs["low"]["p99"]
-    assert adaptive["makespan_s"] <= fixed["makespan_s"]  # type: ignore[operator]
+    fixed = draws_of(with_settings(build, reserve=2), 50)
+    adaptive = draws_of(build, 50)
+    spent = draws_of(with_settings(build, headroom_budget=0.03), 50)
+    for mine, chat in ((adaptive, 1.25), (spent, 1.05)):
+        assert mine["high"] <= chat * fixed["high"]
+        assert mine["normal"] <= fixed["normal"] and mine["low"] <= fixed["low"]
+        assert mine["makespan"] <= fixed["makespan"]
+        assert mine["idle"] <= 0.5 * fixed["idle"]
+    assert adaptive["idle"] <= 0.25 * fixed["idle"]
 
 
 def test_a_seed_draws_other_calls_of_the_same_shape() -> None:

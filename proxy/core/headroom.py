@@ -5,11 +5,17 @@ job waits for the next one to finish. Keeping a few slots free avoids that.
 
 - Adaptive (the default): the urgent tiers' recent offered load ``a``, an EWMA of arrivals
   x service seconds (estimated, corrected by what calls really took), is the number of
-  slots they keep busy on average. Poisson arrivals need more than the mean at any moment:
-  they are given ``a + spread * sqrt(a)`` slots (square-root staffing), counting those they
-  already run on, so only the rest is kept free. A tier that has been quiet for a few of
-  its usual gaps between arrivals (at most a horizon) holds nothing: with no urgent work
-  flowing, and as soon as a burst is over, the reservation costs nothing.
+  slots they keep busy on average. An EWMA that starts from nothing when a tier's calls
+  begin (after it was quiet) underrates them by ``1 - exp(-age / horizon)`` for a while
+  (8 s into a peak, by a horizon of 30 s, it sees a quarter of it): the estimate divides
+  that out, as of the tier's last arrival (bias correction, as in Adam), for an age of at
+  least ``_WARM_MIN_AGE_S`` and by at most the number of calls it has seen, so a first call
+  counts once and a first few at most twice. Poisson arrivals need more than the mean
+  at any moment: they are given ``a + spread * sqrt(a)`` slots (square-root staffing),
+  counting those they already run on, so only the rest is kept free. A tier that has been
+  quiet for a few of its usual gaps between arrivals (at most a horizon) holds nothing:
+  with no urgent work flowing, and as soon as a burst is over, the reservation costs
+  nothing.
 - Fixed: a tier's ``reserve`` is a plain count of free slots, replacing its adaptive value.
 
 What is held against a tier is the largest hold of any more urgent set of tiers, at most
@@ -22,7 +28,13 @@ Holds cost capacity, so they have a budget: adaptive holds may leave at most ``b
 over ``BUDGET_HORIZON_S``); past it they stop until the idle time decays under it. Where urgent
 calls refill the held slots at once (short, frequent calls), holds cost almost nothing and
 always apply; where urgent calls are rare beside long ones, they apply only as far as the
-budget goes. A fixed ``reserve`` is what the table says, whatever it costs.
+budget goes. Holds shrink as they spend it: in full until half of the budget is spent, then
+in proportion to what is left (half-size at three quarters), so they ease off before they
+must stop instead of stopping all at once in the middle of a peak, which hands every slot
+the urgent tier gives back to long calls together. (What is spent, for that, is the idle
+time as of the provider's last scheduling pass, decayed since: it only falls between
+passes, so holds only grow between them, and a wake-up computed now is never late.) A
+fixed ``reserve`` is what the table says, whatever it costs.
 """
 
 from __future__ import annotations
@@ -36,6 +48,9 @@ _ROUND_DOWN = 0.05
 _LAPSE_MARGIN_S = 1e-6
 # A tier is quiet after this many of its mean gaps between arrivals without one.
 _QUIET_GAPS = 4.0
+# The youngest age the bias correction of a tier's demand counts: at most
+# 1 / (1 - e^(-20/30)) = 2.05x at a horizon of 30 s.
+_WARM_MIN_AGE_S = 20.0
 # What adaptive holds left idle is an EWMA over this long.
 BUDGET_HORIZON_S = 30.0
 
@@ -52,6 +67,8 @@ class Headroom:
         self._rate: dict[str, list[float]] = {}
         self._stamp: dict[str, list[float]] = {}
         self._quiet: dict[str, list[float]] = {}
+        self._since: dict[str, list[float]] = {}  # when each tier's calls began (after quiet)
+        self._warm: dict[str, list[float]] = {}  # its bias correction, at its last arrival
         self._unheard = [-math.inf] * tiers  # a provider with no arrival yet: quiet
         self._idle: dict[str, list[float]] = {}  # [idle slot-seconds (EWMA), stamp, held]
 
@@ -67,11 +84,6 @@ class Headroom:
         entry[0] = _idle_at(entry, now)
         entry[1] = now
         entry[2] = float(held)
-
-    def budget_spent(self, provider: str, now: float, capacity: int) -> bool:
-        entry = self._idle.get(provider)
-        return entry is not None and _idle_at(entry, now) >= (
-            self._budget * capacity * BUDGET_HORIZON_S)
 
     def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
         """When the slots held now would spend the budget (None: they never would)."""
@@ -95,8 +107,13 @@ class Headroom:
             self._rate[provider] = [0.0] * self._tiers
             self._stamp[provider] = [-math.inf] * self._tiers
             self._quiet[provider] = [-math.inf] * self._tiers
+            self._since[provider] = [now] * self._tiers
+            self._warm[provider] = [1.0] * self._tiers
         load, rate = self._load[provider], self._rate[provider]
         stamp, quiet = self._stamp[provider], self._quiet[provider]
+        since = self._since[provider]
+        if now >= quiet[tier]:  # its load starts again from nothing
+            since[tier] = now
         load[tier] = self._decayed(load[tier], stamp[tier], quiet[tier], now)
         rate[tier] = self._decayed(rate[tier], stamp[tier], quiet[tier], now)
         load[tier] += service_s / self._horizon
@@ -104,6 +121,13 @@ class Headroom:
         stamp[tier] = now
         gap = _QUIET_GAPS / rate[tier]  # conditions, not min()/max(): hot path
         quiet[tier] = now + (gap if gap < self._horizon else self._horizon)
+        # The bias correction, at most the calls it has seen (rate x horizon, 1 or more): a
+        # first call is taken for what it claims, not for two such calls.
+        age = now - since[tier]
+        warm = -1.0 / math.expm1(
+            -(age if age > _WARM_MIN_AGE_S else _WARM_MIN_AGE_S) / self._horizon)
+        seen = rate[tier] * self._horizon
+        self._warm[provider][tier] = warm if warm < seen else seen
 
     def correct(self, provider: str, tier: int, delta_s: float, since: float,
                 now: float) -> None:
@@ -127,12 +151,13 @@ class Headroom:
         rate[tier] = rate[tier] * math.exp(-(0.0 if age < 0.0 else age) / self._horizon)
 
     def offered(self, provider: str, tier: int, now: float) -> float:
-        """Recent offered load of ``tier`` on ``provider``, in busy slots, as claimed."""
+        """Recent offered load of ``tier`` on ``provider``, in busy slots, as claimed
+        (bias-corrected as of its last arrival)."""
         load = self._load.get(provider)
         if load is None:
             return 0.0
         return self._decayed(load[tier], self._stamp[provider][tier],
-                             self._quiet[provider][tier], now)
+                             self._quiet[provider][tier], now) * self._warm[provider][tier]
 
     def held(self, provider: str, now: float, fixed: Sequence[int | None],
              running: Sequence[int], capacity: int) -> list[int]:
@@ -151,22 +176,23 @@ class Headroom:
             return 0
         quiets = self._quiet.get(provider, self._unheard)
         loads, stamps = self._load.get(provider, quiets), self._stamp.get(provider, quiets)
+        warms = self._warm.get(provider, quiets)
         shares = self.shares
-        adaptive = adaptive and self._spread is not None and not self.budget_spent(
-            provider, now, capacity)
+        scale = self._left(provider, now, capacity) if adaptive else 0.0
         load = share = 0.0
         busy = 0
         held = 0
         for urgent in range(tier):
             if now < quiets[urgent]:  # as _decayed: a quiet tier's load is 0
-                load += loads[urgent] * math.exp(-(now - stamps[urgent]) / self._horizon)
+                load += loads[urgent] * warms[urgent] * math.exp(
+                    -(now - stamps[urgent]) / self._horizon)
             busy += running[urgent]
             share += shares[urgent]
             fixed_hold = fixed[urgent]
             if fixed_hold is not None:
                 hold = fixed_hold
-            elif load and adaptive:  # no recent load holds nothing (_hold's answer, sooner)
-                hold = self._hold(None, load, busy, share * capacity)
+            elif load and scale > 0.0:  # no recent load holds nothing (as _hold, sooner)
+                hold = self._hold(None, load, busy, share * capacity, scale)
             else:
                 continue
             if hold > held:
@@ -186,6 +212,7 @@ class Headroom:
         busy = 0
         cutoff = math.inf
         spread = self._spread or 0.0
+        scale = self._left(provider, now, capacity)
         for j in range(tier):
             own = self.offered(provider, j, now)
             load += own
@@ -193,24 +220,42 @@ class Headroom:
             share += self.shares[j]
             if own > 0:
                 cutoff = min(cutoff, self._quiet[provider][j])
-            if self._hold(fixed[j], load, busy, share * capacity) <= target:
+            if self._hold(fixed[j], load, busy, share * capacity, scale) <= target:
                 continue
             if fixed[j] is not None:
                 return None
-            # The load at which a + spread * sqrt(a) rounds to target + busy slots.
-            room = target + busy + _ROUND_DOWN
+            # The load at which scale * (a + spread * sqrt(a)) rounds to target + busy slots.
+            room = (target + busy + _ROUND_DOWN) / scale
             root = (-spread + math.sqrt(spread * spread + 4 * room)) / 2
             decay = self._horizon * math.log(load / (root * root))
             latest = max(latest, min(now + decay + _LAPSE_MARGIN_S, cutoff))
         return latest
 
-    def _hold(self, fixed: int | None, load: float, busy: int, floor_slots: float) -> int:
+    def _left(self, provider: str, now: float, capacity: int) -> float:
+        """The fraction of their size adaptive holds keep: 1.0 until half of the budget
+        is spent, then in proportion to what is left of it; 0.0 with no adaptive holds
+        (none configured, or the slots held now have spent the budget)."""
+        budget = self._budget * capacity * BUDGET_HORIZON_S
+        if self._spread is None or budget <= 0.0:
+            return 0.0
+        entry = self._idle.get(provider)
+        if entry is None:
+            return 1.0
+        decay = math.exp(-(now - entry[1]) / BUDGET_HORIZON_S)
+        past = entry[0] * decay
+        if past + entry[2] * BUDGET_HORIZON_S * (1.0 - decay) >= budget:  # as _idle_at
+            return 0.0
+        left = 2.0 * (1.0 - past / budget)
+        return left if left < 1.0 else 1.0
+
+    def _hold(self, fixed: int | None, load: float, busy: int, floor_slots: float,
+              scale: float = 1.0) -> int:
         if fixed is not None:
             return fixed
         spread = self._spread
         if spread is None:
             return 0
-        need = math.ceil(load + spread * math.sqrt(load) - _ROUND_DOWN)
+        need = math.ceil(scale * (load + spread * math.sqrt(load)) - _ROUND_DOWN)
         most = int(floor_slots + 1e-9)
         return max(0, (most if most < need else need) - busy)
 
