@@ -398,3 +398,21 @@ def test_a_hold_never_lapses_before_the_wakeup_it_gives(
         for step in range(200):
             at = now + (end - now) * step / 200
             assert h.held_against("p", tier, at, fixed, busy, capacity) > target, (at, end)
+
+
+def test_a_budget_of_nothing_holds_nothing_from_the_first_call() -> None:
+    """``headroom_budget: 0`` leaves no slot idle for adaptive holds, not even before any
+    idle time has been counted; a fixed reserve still holds."""
+    k = Kit({"p": 4}, headroom_budget=0.0)
+    now = k.urgent_flow(0.0, 20.0, every=0.2)
+    for _ in range(4):
+        low = ticket(3, 30.0)
+        k.submit(low, now)
+        assert k.granted(low)
+    tiers = [TierSpec(t.name, t.weight, reserve=r) for t, r in zip(FOUR, (1, None, None, None),
+                                                                   strict=True)]
+    k = Kit({"p": 4}, tiers, headroom_budget=0.0)
+    lows = [ticket(3, 30.0) for _ in range(4)]
+    for t in lows:
+        k.submit(t, 0.0)
+    assert sum(k.granted(t) for t in lows) == 3
