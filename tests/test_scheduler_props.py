@@ -39,14 +39,12 @@ MAX_WAKEUPS_PER_JUMP = 500
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    budget = 0.2  # of the slot-time adaptive holds may idle
-
     def __init__(self) -> None:
         super().__init__()
         self.s = Scheduler(
             SchedulerSettings(tiers=TIERS, max_queue=10, promote_after_s=(1e9, 2.0, 6.0, 12.0),
                               tier_promote_after_s=25.0, headroom_horizon_s=10.0,
-                              headroom_spread=1.5, headroom_budget=self.budget),
+                              headroom_spread=1.5, headroom_budget=0.2),
             {"a": 3, "b": 1}, DEPLOYMENTS,
         )
         self.now = 0.0
@@ -240,15 +238,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(self.s.depth(i) == 0 for i in range(len(TIERS)))
 
 
-class TightBudgetMachine(SchedulerMachine):
-    """Holds that spend their budget within a few steps: sized by what is left of it,
-    then stopped, and the wake-ups must follow."""
-
-    budget = 0.005
-
-
 SchedulerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30,
                                               deadline=None)
-TightBudgetMachine.TestCase.settings = SchedulerMachine.TestCase.settings
 TestSchedulerMachine = SchedulerMachine.TestCase
-TestTightBudgetMachine = TightBudgetMachine.TestCase
