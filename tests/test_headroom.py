@@ -416,3 +416,33 @@ def test_a_budget_of_nothing_holds_nothing_from_the_first_call() -> None:
     for t in lows:
         k.submit(t, 0.0)
     assert sum(k.granted(t) for t in lows) == 3
+
+
+def test_a_pass_keeps_no_slot_free_that_its_own_bookkeeping_then_releases() -> None:
+    """Found in review: urgent calls claiming 5 s every second (8 of 16 slots staffed), low
+    calls waiting for the rest, a pass every 0.25 s. A pass sized its holds by the budget
+    left at the pass before and then booked the idle time since: once over half the
+    budget was spent, the holds it left said one slot fewer than it kept free (7 free, 6
+    held at t = 33.75 s), and no wake-up came for that slot for 3.9 s."""
+    k = Kit({"p": 16}, headroom_budget=0.1)
+    now = k.urgent_flow(0.0, 30.0, est=5.0, every=1.0)
+    lows = [ticket(3, 30.0) for _ in range(16)]
+    for t in lows:
+        k.submit(t, now)
+    for step in range(1, 20):
+        at = now + 0.25 * step
+        k.advance(at)
+        if any(t.state is TicketState.QUEUED for t in lows):
+            assert k.s._pools["p"].free(at) <= k.s.held_back("p", 3, at), at
+
+
+def test_the_bias_correction_is_at_most_2x_at_any_horizon() -> None:
+    """Found in review: the youngest age counted was 20 s whatever the horizon, so at a
+    horizon of 300 s ten first calls counted ten times each (1 / (1 - e^(-20/300)) = 15x,
+    capped by the calls seen)."""
+    for horizon in (3.0, 30.0, 300.0):
+        h = Headroom(4, 1.0, horizon, SHARES)
+        for _ in range(10):
+            h.record("p", 0, 30.0, 0.0)
+        assert h.offered("p", 0, 0.0) == pytest.approx(
+            10 * 30.0 / horizon / (1 - math.exp(-2 / 3)))

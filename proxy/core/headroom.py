@@ -9,8 +9,8 @@ job waits for the next one to finish. Keeping a few slots free avoids that.
   begin (after it was quiet) underrates them by ``1 - exp(-age / horizon)`` for a while
   (8 s into a peak, by a horizon of 30 s, it sees a quarter of it): the estimate divides
   that out, as of the tier's last arrival (bias correction, as in Adam), for an age of at
-  least ``_WARM_MIN_AGE_S`` and by at most the number of calls it has seen, so a first call
-  counts once and a first few at most twice. Poisson arrivals need more than the mean
+  least two thirds of a horizon and by at most the number of calls it has seen, so a first
+  call counts once and a first few at most twice. Poisson arrivals need more than the mean
   at any moment: they are given ``a + spread * sqrt(a)`` slots (square-root staffing),
   counting those they already run on, so only the rest is kept free. A tier that has been
   quiet for a few of its usual gaps between arrivals (at most a horizon) holds nothing:
@@ -32,8 +32,10 @@ budget goes. Holds shrink as they spend it: in full until half of the budget is 
 in proportion to what is left (half-size at three quarters), so they ease off before they
 must stop instead of stopping all at once in the middle of a peak, which hands every slot
 the urgent tier gives back to long calls together. (What is spent, for that, is the idle
-time as of the provider's last scheduling pass, decayed since: it only falls between
-passes, so holds only grow between them, and a wake-up computed now is never late.) A
+time booked when the provider's last scheduling pass began, decayed since: it only falls
+between passes, so holds only grow between them, and a wake-up computed now is never
+late. Between passes nothing eases: with no event while slots are held, holds stop at
+once when the budget is spent, as before.) A
 fixed ``reserve`` is what the table says, whatever it costs.
 """
 
@@ -48,9 +50,9 @@ _ROUND_DOWN = 0.05
 _LAPSE_MARGIN_S = 1e-6
 # A tier is quiet after this many of its mean gaps between arrivals without one.
 _QUIET_GAPS = 4.0
-# The youngest age the bias correction of a tier's demand counts: at most
-# 1 / (1 - e^(-20/30)) = 2.05x at a horizon of 30 s.
-_WARM_MIN_AGE_S = 20.0
+# The youngest age the bias correction of a tier's demand counts, in horizons: at most
+# 1 / (1 - e^(-2/3)) = 2.05x (20 s at a horizon of 30 s), whatever the horizon.
+_WARM_MIN_AGE = 2.0 / 3.0
 # What adaptive holds left idle is an EWMA over this long.
 BUDGET_HORIZON_S = 30.0
 
@@ -84,6 +86,16 @@ class Headroom:
         entry[0] = _idle_at(entry, now)
         entry[1] = now
         entry[2] = float(held)
+
+    def settle(self, provider: str, now: float) -> None:
+        """A scheduling pass starts: book the idle time the slots held since the last one
+        added, so the pass sizes its holds by the budget left as the next pass will see it
+        (else, once note_idle has booked it, held_against says less than the pass kept
+        free, and no wake-up comes for the slot in between)."""
+        entry = self._idle.get(provider)
+        if entry is not None and entry[2]:
+            entry[0] = _idle_at(entry, now)
+            entry[1] = now
 
     def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
         """When the slots held now would spend the budget (None: they never would)."""
@@ -124,8 +136,8 @@ class Headroom:
         # The bias correction, at most the calls it has seen (rate x horizon, 1 or more): a
         # first call is taken for what it claims, not for two such calls.
         age = now - since[tier]
-        warm = -1.0 / math.expm1(
-            -(age if age > _WARM_MIN_AGE_S else _WARM_MIN_AGE_S) / self._horizon)
+        youngest = _WARM_MIN_AGE * self._horizon
+        warm = -1.0 / math.expm1(-(age if age > youngest else youngest) / self._horizon)
         seen = rate[tier] * self._horizon
         self._warm[provider][tier] = warm if warm < seen else seen
 

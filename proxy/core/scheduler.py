@@ -342,8 +342,8 @@ class Scheduler:
 
     def _fill(self, pool: Pool, now: float) -> None:
         """Hand out free slots of ``pool`` while an eligible ticket waits."""
-        held = 0
-        queues = self._queues
+        held, queues = 0, self._queues
+        self._headroom.settle(pool.name, now)  # this pass sizes holds by what they idled
         if queues.queued and pool.free(now) > 0:
             self._catch_up(now)
             while queues.queued and pool.free(now) > 0:
