@@ -145,11 +145,11 @@ def test_adaptive_headroom_lapses_without_urgent_arrivals() -> None:
 
 
 def quiet_after(last: float, every: float, horizon: float = 30.0) -> float:
-    """When a flow that arrived every ``every`` s since 0 counts as quiet: four of its mean
+    """When a flow that arrived every ``every`` s since 0 counts as quiet: six of its mean
     gaps, by an EWMA rate over ``horizon``, after its last arrival."""
     arrivals = [k * every for k in range(int(last / every) + 1)]
     rate = sum(math.exp(-(last - t) / horizon) for t in arrivals) / horizon
-    return last + 4.0 / rate
+    return last + 6.0 / rate
 
 
 @pytest.mark.parametrize(("flow_est", "wakeup"), [
@@ -446,3 +446,21 @@ def test_the_bias_correction_is_at_most_2x_at_any_horizon() -> None:
             h.record("p", 0, 30.0, 0.0)
         assert h.offered("p", 0, 0.0) == pytest.approx(
             10 * 30.0 / horizon / (1 - math.exp(-2 / 3)))
+
+
+def test_a_pause_holds_nothing_but_keeps_the_demand_that_came_before_it() -> None:
+    """Chat at 15/s (3 busy slots) for 25 s, then a gap of 1 s: quiet after six of its
+    mean gaps (0.7 s by its rate's EWMA), so nothing is held during the pause; its next
+    call finds the 3 busy slots of demand there were, not one call's worth (each such
+    pause emptied the estimate mid-peak). After a horizon without a call the demand
+    starts again from nothing."""
+    k = Kit({"p": 16}, **UNLIMITED)
+    now = k.urgent_flow(0.0, 25.0, est=0.2, every=1 / 15)
+    last = now - 1 / 15
+    assert k.s._headroom.offered("p", 0, last + 0.6) > 2.5
+    assert k.s._headroom.offered("p", 0, last + 0.9) == 0.0  # quiet: holds nothing
+    k.urgent_flow(last + 1.0, last + 1.01, est=0.2)
+    assert k.s._headroom.offered("p", 0, last + 1.0) == pytest.approx(
+        3.0 * math.exp(-1.0 / 30.0), rel=0.03)  # decayed over the pause
+    k.urgent_flow(last + 40.0, last + 40.01, est=0.2)
+    assert k.s._headroom.offered("p", 0, last + 40.0) == pytest.approx(0.2 / 30.0)

@@ -123,15 +123,15 @@ def draws_of(build: Callable[[int], Scenario], seeds: int) -> dict[str, float]:
 def test_the_seed_peak_beside_a_fixed_reserve() -> None:
     """The adaptive headroom against the hand-written `reserve: 2` on chat, 50 draws of the
     seed peak pooled (one draw's chat p99 turns on one episode of a few dozen calls). With
-    the default budget (1.5 %): chat p99 1.04 s against 0.85 s, and better on analysis,
-    brief, the makespan and idle time (8.9 / 28.1 s / 2,265 s / 1.5 % against 9.8 / 32.1 s /
-    2,433 s / 7.2 %). Given `headroom_budget: 0.03` it beats it on all five (0.80 s, 9.6 /
-    28.7 s / 2,283 s / 2.8 %)."""
+    the default budget (1.5 %): chat p99 0.95 s against 0.85 s, and better on analysis,
+    brief, the makespan and idle time (8.9 / 28.1 s / 2,266 s / 1.6 % against 9.8 / 32.1 s /
+    2,439 s / 7.3 %). Given `headroom_budget: 0.03` it beats it on all five (0.72 s, 9.4 /
+    28.7 s / 2,288 s / 2.9 %)."""
     build = BUILDERS["seed-peak"]
     fixed = draws_of(with_settings(build, reserve=2), 50)
     adaptive = draws_of(build, 50)
     spent = draws_of(with_settings(build, headroom_budget=0.03), 50)
-    for mine, chat in ((adaptive, 1.25), (spent, 1.0)):
+    for mine, chat in ((adaptive, 1.2), (spent, 0.9)):
         assert mine["high"] <= chat * fixed["high"]
         assert mine["normal"] <= fixed["normal"] and mine["low"] <= fixed["low"]
         assert mine["makespan"] <= fixed["makespan"]
