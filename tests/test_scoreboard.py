@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config.trace import TraceCall
+from proxy.core.quantile import percentile
 from proxy.sim.disciplines import reference, slots_of, static_slots
 from proxy.sim.run import simulate
 from proxy.sim.scenarios import BUILDERS, Scenario, call, config
@@ -115,7 +116,7 @@ def draws_of(build: Callable[[int], Scenario], seeds: int) -> dict[str, float]:
         span += sim.makespan_s
         gaps, work = idle_while_waiting(sim, sum(slots_of(scenario.config).values()))
         idle, served = idle + gaps, served + work
-    out = {tier: sorted(w)[int(0.99 * len(w))] for tier, w in waits.items()}
+    out = {tier: percentile(sorted(w), 0.99) for tier, w in waits.items()}
     return {**out, "makespan": span, "idle": idle / served}
 
 

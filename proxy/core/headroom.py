@@ -36,8 +36,8 @@ the urgent tier gives back to long calls together. (What is spent, for that, is 
 time booked when the provider's last scheduling pass began, decayed since: it only falls
 between passes, so holds only grow between them, and a wake-up computed now is never
 late. Between passes nothing eases: with no event while slots are held, holds stop at
-once when the budget is spent, as before.) A
-fixed ``reserve`` is what the table says, whatever it costs.
+once when the budget is spent, as before.) A fixed ``reserve`` is what the table says,
+whatever it costs.
 """
 
 from __future__ import annotations
@@ -97,8 +97,7 @@ class Headroom:
         free, and no wake-up comes for the slot in between)."""
         entry = self._idle.get(provider)
         if entry is not None and entry[2]:
-            entry[0] = _idle_at(entry, now)
-            entry[1] = now
+            self.note_idle(provider, now, int(entry[2]))
 
     def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
         """When the slots held now would spend the budget (None: they never would)."""
@@ -270,7 +269,7 @@ class Headroom:
         return left if left < 1.0 else 1.0
 
     def _hold(self, fixed: int | None, load: float, busy: int, floor_slots: float,
-              scale: float = 1.0) -> int:
+              scale: float) -> int:
         if fixed is not None:
             return fixed
         spread = self._spread
