@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import pytest
 from redis.asyncio import Redis
@@ -426,3 +426,84 @@ async def test_a_waiter_withdrawn_while_its_ask_is_granted_does_not_run_without_
             assert not a._held
         finally:
             await slow.aclose()
+
+
+@contextlib.contextmanager
+def batches_held(state: RedisState) -> Iterator[asyncio.Event]:
+    """Every batch ``state`` sends waits for the event before it reaches Redis (a slow
+    link on the batch's connection only): the heartbeat still gets through."""
+    gate = asyncio.Event()
+    script = state._batcher._script
+
+    async def held(**kwargs: object) -> object:
+        await gate.wait()
+        return await script(**kwargs)
+
+    state._batcher._script = held  # type: ignore[assignment]
+    try:
+        yield gate
+    finally:
+        state._batcher._script = script
+
+
+async def test_a_heartbeat_before_an_ask_reaches_redis_does_not_lose_the_call(
+        settings: StateSettings) -> None:
+    """A heartbeat that reaches Redis before a waiter's ask finds the waiter in neither
+    leases nor waiters. That is not a waiter Redis lost: asking again for it replaced the
+    ask still waiting in the batcher, whose call then waited forever (the soak saw two
+    calls time out at the client after 90 s with no answer, never sent upstream)."""
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        with batches_held(a) as gate:
+            first = asyncio.ensure_future(a.lease("p", 1, 1, 0, 5))
+            await asyncio.sleep(0)  # its batch is out, held on the way
+            second = asyncio.ensure_future(a.lease("p", 1, 2, 0, 5))
+            await asyncio.sleep(0)  # its ask waits in the batcher for the next batch
+            await a._beat()
+            gate.set()
+            await asyncio.sleep(0.1)
+            a.release(held)
+            got = await asyncio.wait_for(first, 2)
+            assert got is not None
+            a.release(got)
+            got = await asyncio.wait_for(second, 2)
+            assert got is not None
+            a.release(got)
+        await asyncio.sleep(0.1)
+        assert await a.client.zcard(settings.prefix + ":leases:p") == 0
+        assert await a.client.zcard(settings.prefix + ":waiters:p") == 0
+
+
+async def test_a_waiter_redis_lost_is_asked_for_once_while_its_ask_is_out(
+        settings: StateSettings) -> None:
+    """Redis forgot a waiter (its waiters set emptied): the heartbeat asks again for it,
+    and a second heartbeat while that ask is out does not ask a third time."""
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        waiting = asyncio.ensure_future(a.lease("p", 1, 1, 0, 5))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await a.client.delete(settings.prefix + ":waiters:p")
+        asked: list[object] = []
+        ask = a._batcher.ask
+
+        def counted(*args: object, **kwargs: object) -> asyncio.Future[int]:
+            asked.append(args[1])
+            return ask(*args, **kwargs)  # type: ignore[arg-type]
+
+        a._ask = counted  # type: ignore[method-assign]
+        with batches_held(a) as gate:
+            await a._beat()
+            await asyncio.sleep(0)
+            await a._beat()
+            await asyncio.sleep(0)
+            gate.set()
+            await asyncio.sleep(0.1)
+        assert len(asked) == 1, asked
+        assert await a.client.zcard(settings.prefix + ":waiters:p") == 1
+        a.release(held)
+        got = await asyncio.wait_for(waiting, 2)
+        assert got is not None
+        a.release(got)

@@ -48,7 +48,11 @@ class Batcher:
     def ask(self, provider: str, member: str, limit: int, rank: int, waited_ms: int,
             key: str = "", weight: float = 1.0, claim_ms: int = 0) -> asyncio.Future[int]:
         """1 if ``member`` got a slot at once, 0 if it waits (sent with the next batch);
-        ``key``'s virtual clock moves on by ``claim_ms`` / ``weight``."""
+        ``key``'s virtual clock moves on by ``claim_ms`` / ``weight``. A member asked for
+        again before its ask is sent shares that ask's answer."""
+        unsent = self._acquires.get(member)
+        if unsent is not None:
+            return unsent[1]
         future = asyncio.get_running_loop().create_future()
         self._acquires[member] = ([provider, member, limit, rank, waited_ms, key, weight,
                                    claim_ms], future)

@@ -53,6 +53,7 @@ class _Waiter:
     key: str = ""  # the call's key, whose virtual clock orders it among its rank's keys
     weight: float = 1.0
     claim_ms: int = 0
+    asked: bool = False  # its ask's answer came back: Redis has it (or granted it)
 
 
 class RedisState:
@@ -178,32 +179,9 @@ class RedisState:
                                         future, key, weight, claim_ms)
         settled = False
         try:
-            try:
-                granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000),
-                                          key, weight, claim_ms)
-            except REDIS_ERRORS as exc:
-                # Not noted: the local scheduler let it through under the whole limit,
-                # so it queues again, under the share.
-                self._waiting.pop(member, None)
-                self._unreleased[member] = provider  # withdrawn once Redis is back
-                self._link.failed(exc)
-                settled = True
-                self._check_reject()
-                return None
-            if member not in self._waiting and member not in self._held:
-                # Withdrawn (``withdraw_below``, or Redis failed) while its ask was out: the
-                # release is on its way, and would free a slot granted meanwhile under a
-                # call still running. It queues again here.
-                settled = True
-                self._check_reject()
-                return None
-            if granted or member in self._held:
-                self._waiting.pop(member, None)
-                self._held[member] = provider
-                settled = True
-                return Lease(member, provider)
             async with asyncio.timeout(timeout_s):
-                got = await future
+                got = await self._wait(member, provider, limit, rank, waited_s, key, weight,
+                                       claim_ms)
             settled = True
         finally:
             if not settled:  # timed out or cancelled: leave the waiters, or give the slot back
@@ -214,6 +192,32 @@ class RedisState:
             return Lease(member, provider)
         self._check_reject()
         return None
+
+    async def _wait(self, member: str, provider: str, limit: int, rank: int,
+                    waited_s: float, key: str, weight: float, claim_ms: int) -> bool:
+        """``lease``'s ask and wait: True once granted, False to queue again here."""
+        try:
+            granted = await self._ask(provider, member, limit, rank, int(waited_s * 1000),
+                                      key, weight, claim_ms)
+        except REDIS_ERRORS as exc:
+            # Not noted: the local scheduler let it through under the whole limit, so it
+            # queues again, under the share.
+            self._waiting.pop(member, None)
+            self._unreleased[member] = provider  # withdrawn once Redis is back
+            self._link.failed(exc)
+            return False
+        waiter = self._waiting.get(member)
+        if waiter is None and member not in self._held:
+            # Withdrawn (``withdraw_below``, or Redis failed) while its ask was out: the
+            # release is on its way, and would free a slot granted meanwhile under a call
+            # still running. It queues again here.
+            return False
+        if granted or waiter is None:
+            self._waiting.pop(member, None)
+            self._held[member] = provider
+            return True
+        waiter.asked = True
+        return await waiter.future
 
     def release(self, lease: Lease) -> None:
         """Give the slot back (on every path; a second call does nothing). While Redis is
@@ -312,7 +316,9 @@ class RedisState:
         args.append(len(held))
         for member, provider in held:
             args += [provider, member, int(member in unwritten)]
-        waiting = [(m, w.provider) for m, w in self._waiting.items()]
+        # Only waiters whose ask Redis has answered: one still on its way is in neither
+        # its leases nor its waiters, and asking again for it would ask twice.
+        waiting = [(m, w.provider) for m, w in self._waiting.items() if w.asked]
         args.append(len(waiting))
         for member, provider in waiting:
             args += [provider, member]
@@ -361,11 +367,13 @@ class RedisState:
     async def _again(self, member: str, waiter: _Waiter) -> None:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
         waited_ms = int((time.monotonic() - waiter.arrived) * 1000)
+        waiter.asked = False  # until this ask is answered: no heartbeat asks a third time
         try:
             granted = await self._ask(waiter.provider, member, waiter.limit, waiter.rank,
                                       waited_ms, waiter.key, waiter.weight, waiter.claim_ms)
         except REDIS_ERRORS:
             return  # failed over already
+        waiter.asked = True
         if granted:
             self._woken(member)
 
