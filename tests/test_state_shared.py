@@ -507,3 +507,22 @@ async def test_a_waiter_redis_lost_is_asked_for_once_while_its_ask_is_out(
         got = await asyncio.wait_for(waiting, 2)
         assert got is not None
         a.release(got)
+
+
+async def test_an_ask_repeated_before_it_is_sent_shares_its_answer(
+        settings: StateSettings) -> None:
+    async with replicas(settings, "a") as (a,):
+        with batches_held(a) as gate:
+            out = a._batcher.ask("p", "a|x|p", 1, 0, 0)
+            await asyncio.sleep(0)  # its batch is out, held on the way
+            first = a._batcher.ask("p", "a|y|p", 1, 0, 0)
+            again = a._batcher.ask("p", "a|y|p", 1, 0, 0)
+            assert again is first
+            gate.set()
+            assert await asyncio.wait_for(out, 2) == 1
+            assert await asyncio.wait_for(first, 2) == 0  # it waits: the slot is x's
+        a._batcher.give_back("a|y|p", "p")
+        a._batcher.give_back("a|x|p", "p")
+        await asyncio.sleep(0.1)
+        assert await a.client.zcard(settings.prefix + ":leases:p") == 0
+        assert await a.client.zcard(settings.prefix + ":waiters:p") == 0
