@@ -464,3 +464,4 @@ def test_a_pause_holds_nothing_but_keeps_the_demand_that_came_before_it() -> Non
         3.0 * math.exp(-1.0 / 30.0), rel=0.03)  # decayed over the pause
     k.urgent_flow(last + 40.0, last + 40.01, est=0.2)
     assert k.s._headroom.offered("p", 0, last + 40.0) == pytest.approx(0.2 / 30.0)
+

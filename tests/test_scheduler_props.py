@@ -5,6 +5,8 @@ waits except for a stated hold, every deadline exact."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -38,15 +40,20 @@ LATE_S = 1e-4
 MAX_WAKEUPS_PER_JUMP = 500
 
 
+def scheduler(budget: float, reserve: int | None = 1) -> Scheduler:
+    tiers = (TIERS[0], replace(TIERS[1], reserve=reserve), TIERS[2])
+    return Scheduler(
+        SchedulerSettings(tiers=tiers, max_queue=10, promote_after_s=(1e9, 2.0, 6.0, 12.0),
+                          tier_promote_after_s=25.0, headroom_horizon_s=10.0,
+                          headroom_spread=1.5, headroom_budget=budget),
+        {"a": 3, "b": 1}, DEPLOYMENTS,
+    )
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s = Scheduler(
-            SchedulerSettings(tiers=TIERS, max_queue=10, promote_after_s=(1e9, 2.0, 6.0, 12.0),
-                              tier_promote_after_s=25.0, headroom_horizon_s=10.0,
-                              headroom_spread=1.5, headroom_budget=0.2),
-            {"a": 3, "b": 1}, DEPLOYMENTS,
-        )
+        self.s = scheduler(0.2)
         self.now = 0.0
         self.tickets: list[Ticket] = []
         self.running: list[Ticket] = []
@@ -71,9 +78,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.now < t.deadline + LATE_S, "served after its deadline"
             self.running.append(t)
 
-    @initialize(est=st.sampled_from([3.0, 12.0, 45.0]))
-    def urgent_work_flows(self, est: float) -> None:
-        """Start with urgent demand on ``a`` so its headroom is in play from the first step."""
+    @initialize(est=st.sampled_from([3.0, 12.0, 45.0]),
+                budget=st.sampled_from([0.2, 0.02, 0.004]), reserve=st.sampled_from([1, None]))
+    def urgent_work_flows(self, est: float, budget: float, reserve: int | None) -> None:
+        """Start with urgent demand on ``a`` so its headroom is in play from the first step,
+        under a budget its holds spend in tens of seconds, in one or two, or at once; the
+        middle tier's fixed reserve of one slot, or adaptive holds alone."""
+        self.s = scheduler(budget, reserve)
         self.submit(0, est, ("a/x",), 0)
 
     @rule(tier=st.integers(0, 2), est=st.sampled_from([0.2, 0.9, 3.0, 12.0, 45.0]),
@@ -84,6 +95,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.tickets.append(t)
         self.s.submit(t, self.now)
         self.collect()
+
+    @rule(calls=st.integers(2, 12), every=st.sampled_from([0.3, 0.6, 1.2]),
+          long=st.sampled_from([3.0, 45.0]))
+    def urgent_stream(self, calls: int, every: float, long: float) -> None:
+        """Short urgent calls on ``a``, each done in 0.2 s, and halfway through less urgent
+        calls that wait: between the urgent calls the headroom holds ``a``'s free slots
+        for the next one and spends its budget doing so."""
+        for i in range(calls):
+            if i == calls // 2:
+                for _ in range(3):
+                    self.submit(2, long, ("a/x",), 0)
+            self.submit(0, 0.2, ("a/x",), 0)
+            self.time_passes(0.2)
+            mine = [t for t in self.running if t.tier == 0 and t.est_service_s == 0.2]
+            if mine:
+                self.running.remove(mine[-1])
+                self.s.release(mine[-1], self.now, 0.2)
+                self.finished.append(mine[-1])
+                self.collect()
+            self.time_passes(every - 0.2)
 
     @precondition(lambda self: self.running)
     @rule(index=st.integers(0, 50), took=st.sampled_from([None, 0.0, 1.0, 100.0]))
@@ -241,3 +272,16 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30,
                                               deadline=None)
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def test_a_cut_that_ends_a_hold_lets_the_waiting_call_in() -> None:
+    """Found by the machine: the headroom's budget is a share of the provider's limit, so a
+    429 that cuts the limit can leave the holds past their budget at once; the call they
+    kept waiting must go then, not at the next wake-up."""
+    state = SchedulerMachine()
+    state.urgent_work_flows(est=3.0, budget=0.2, reserve=None)
+    state.give_back(index=0)
+    state.urgent_stream(calls=5, every=0.6, long=3.0)
+    state.urgent_stream(calls=11, every=0.6, long=3.0)
+    state.throttled(bore=0, pool="a")
+    state.no_idle_slot_while_an_eligible_call_waits()

@@ -250,8 +250,11 @@ class Scheduler:
 
     def cut(self, pool: str, now: float, bore: int) -> None:
         """A 429 from the provider while ``bore`` other calls ran there: lower its
-        effective limit towards that (``proxy.core.capacity``); it grows back by itself."""
-        self._pools[self._capacity.known_pool(pool)].cut(now, bore)
+        effective limit towards that (``proxy.core.capacity``); it grows back by itself.
+        The headroom's budget shrinks with the limit, so a hold may end here."""
+        cut = self._pools[self._capacity.known_pool(pool)]
+        cut.cut(now, bore)
+        self._fill(cut, now)
 
     def pause(self, target: str, until: float, now: float) -> None:
         """Send nothing through a provider (its name) or a deployment until ``until``; a
