@@ -526,3 +526,104 @@ async def test_an_ask_repeated_before_it_is_sent_shares_its_answer(
         await asyncio.sleep(0.1)
         assert await a.client.zcard(settings.prefix + ":leases:p") == 0
         assert await a.client.zcard(settings.prefix + ":waiters:p") == 0
+
+
+@contextlib.contextmanager
+def heartbeats_held(state: RedisState, after: bool = False) -> Iterator[asyncio.Event]:
+    """Every heartbeat waits for the event: before it reaches Redis, or (``after``) once
+    Redis ran it, before its answer is read."""
+    gate = asyncio.Event()
+    script = state._heartbeat
+
+    async def held(**kwargs: object) -> object:
+        if not after:
+            await gate.wait()
+        answer = await script(**kwargs)
+        if after:
+            await gate.wait()
+        return answer
+
+    state._heartbeat = held  # type: ignore[assignment]
+    try:
+        yield gate
+    finally:
+        state._heartbeat = script
+
+
+async def test_a_waiter_withdrawn_before_its_ask_again_goes_leaves_no_waiter(
+        settings: StateSettings) -> None:
+    """Review (helper-22): Redis lost a waiter, the heartbeat starts asking again for it,
+    and the call is sent back to its local queue before that ask goes: it is not asked
+    for (it would wait in Redis with no call behind it, holding up the others)."""
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        waiting = asyncio.ensure_future(a.lease("p", 1, 3, 0, 5))
+        await asyncio.sleep(0.1)
+        await a.client.delete(settings.prefix + ":waiters:p")  # Redis lost it
+        await a._beat()  # reported lost: asked again soon
+        assert a.withdraw_below("p", 0)
+        assert await asyncio.wait_for(waiting, 2) is None
+        await asyncio.sleep(0.2)
+        assert await a.client.zrange(settings.prefix + ":waiters:p", 0, -1) == []
+        a.release(held)
+
+
+async def test_a_call_that_leaves_as_the_heartbeat_says_it_was_lost_leaves_no_waiter(
+        settings: StateSettings) -> None:
+    async with replicas(settings, "a") as (a,):
+        held = await a.lease("p", 1, 0, 0, 5)
+        assert held is not None
+        waiting = asyncio.ensure_future(a.lease("p", 1, 1, 0, 5))
+        await asyncio.sleep(0.1)
+        await a.client.delete(settings.prefix + ":waiters:p")
+        with heartbeats_held(a, after=True) as gate:
+            beat = asyncio.ensure_future(a._beat())
+            await asyncio.sleep(0.1)  # Redis answered "lost"; the answer is not read yet
+            gate.set()
+            waiting.cancel()  # the call's deadline, in the same moment
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await beat
+        await asyncio.sleep(0.2)
+        assert await a.client.zrange(settings.prefix + ":waiters:p", 0, -1) == []
+        a.release(held)
+
+
+async def test_a_lease_granted_while_a_heartbeat_that_finds_redis_forgot_is_out_is_kept(
+        settings: StateSettings) -> None:
+    """Review (helper-22): Redis forgot this replica (an older copy after a failover); a
+    grant reaches it before the heartbeat that finds out, which drops the leases it did not
+    list. The next heartbeat writes every lease held back, so the slot is not given twice."""
+    async with replicas(settings, "a", "b") as (a, b):
+        with heartbeats_held(a) as gate:
+            beat = asyncio.ensure_future(a._beat())
+            await asyncio.sleep(0)  # its arguments are built: a holds nothing
+            await a.client.delete(settings.prefix + ":seen:a")
+            lease = await a.lease("p", 1, 0, 0, 5)
+            assert lease is not None
+            gate.set()
+            await beat
+        await asyncio.sleep(a.beat_s + 0.2)
+        assert await a.client.zscore(settings.prefix + ":leases:p", lease.member)
+        with pytest.raises(TimeoutError):
+            other = await b.lease("p", 1, 0, 0, 2)
+            b.release(other)
+        a.release(lease)
+
+
+async def test_a_lease_released_while_a_heartbeat_writes_leases_back_stays_released(
+        settings: StateSettings) -> None:
+    async with replicas(settings, "a") as (a,):
+        lease = await a.lease("p", 1, 0, 0, 5)
+        assert lease is not None
+        await a.client.delete(settings.prefix + ":seen:a")  # Redis forgot a
+        with heartbeats_held(a) as gate:
+            beat = asyncio.ensure_future(a._beat())
+            await asyncio.sleep(0)  # its arguments are built: the lease is listed as held
+            a.release(lease)
+            await asyncio.sleep(0.1)  # the release reached Redis first
+            gate.set()
+            await beat
+        await asyncio.sleep(0.1)
+        assert await a.client.zrange(settings.prefix + ":leases:p", 0, -1) == []

@@ -90,6 +90,7 @@ class RedisState:
         self._limits: dict[str, int] = {}
         self._deployments: tuple[str, ...] = ()
         self.rebuilt: dict[str, int] = {}  # what the last rebuild wrote back (status)
+        self._rewrite = False  # the next heartbeat writes back every lease held
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
         self.answers = SharedAnswers(settings, lambda: self.mode == "shared")
@@ -307,7 +308,8 @@ class RedisState:
     async def _beat(self) -> None:
         link = self._link
         self._batcher.distrust()
-        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(link.rebuild),
+        recreate = link.rebuild or self._rewrite
+        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(recreate),
                                  self._beats + 1, self._beats, len(self._limits)]
         for name, limit in self._limits.items():
             args += [name, limit]
@@ -331,6 +333,15 @@ class RedisState:
             return
         self._beats += 1
         link.alive = int(alive)
+        # A heartbeat that found Redis had forgotten this replica dropped its leases that
+        # it did not list, a grant that reached Redis while it was out among them: the
+        # next one writes back every lease held. One that wrote leases back may have
+        # written one released while it was out: released again.
+        self._rewrite = bool(int(forgot))
+        if recreate or self._rewrite:
+            for member, provider in held:
+                if member not in self._held:
+                    self._give_back(member, provider)
         self._unwritten -= unwritten
         unreleased, self._unreleased = self._unreleased, {}
         for member, provider in unreleased.items():
@@ -366,6 +377,8 @@ class RedisState:
 
     async def _again(self, member: str, waiter: _Waiter) -> None:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
+        if self._waiting.get(member) is not waiter or waiter.future.done():
+            return  # the call left since (withdrawn, timed out, cancelled, Redis failed)
         waited_ms = int((time.monotonic() - waiter.arrived) * 1000)
         waiter.asked = False  # until this ask is answered: no heartbeat asks a third time
         try:
