@@ -429,21 +429,36 @@ async def test_a_waiter_withdrawn_while_its_ask_is_granted_does_not_run_without_
 
 
 @contextlib.contextmanager
-def batches_held(state: RedisState) -> Iterator[asyncio.Event]:
-    """Every batch ``state`` sends waits for the event before it reaches Redis (a slow
-    link on the batch's connection only): the heartbeat still gets through."""
+def script_held(owner: object, name: str, after: bool = False) -> Iterator[asyncio.Event]:
+    """Every call of ``owner``'s script ``name`` waits for the event: before it reaches
+    Redis, or (``after``) once Redis ran it, before its answer is read."""
     gate = asyncio.Event()
-    script = state._batcher._script
+    script = getattr(owner, name)
 
     async def held(**kwargs: object) -> object:
-        await gate.wait()
-        return await script(**kwargs)
+        if not after:
+            await gate.wait()
+        answer = await script(**kwargs)
+        if after:
+            await gate.wait()
+        return answer
 
-    state._batcher._script = held  # type: ignore[assignment]
+    setattr(owner, name, held)
     try:
         yield gate
     finally:
-        state._batcher._script = script
+        setattr(owner, name, script)
+
+
+def batches_held(state: RedisState) -> contextlib.AbstractContextManager[asyncio.Event]:
+    """The batches ``state`` sends wait on the way (a slow link on the batch's connection
+    only): the heartbeat still gets through."""
+    return script_held(state._batcher, "_script")
+
+
+def heartbeats_held(state: RedisState,
+                    after: bool = False) -> contextlib.AbstractContextManager[asyncio.Event]:
+    return script_held(state, "_heartbeat", after)
 
 
 async def test_a_heartbeat_before_an_ask_reaches_redis_does_not_lose_the_call(
@@ -493,7 +508,7 @@ async def test_a_waiter_redis_lost_is_asked_for_once_while_its_ask_is_out(
             asked.append(args[1])
             return ask(*args, **kwargs)  # type: ignore[arg-type]
 
-        a._ask = counted  # type: ignore[method-assign]
+        a._ask = counted
         with batches_held(a) as gate:
             await a._beat()
             await asyncio.sleep(0)
@@ -526,28 +541,6 @@ async def test_an_ask_repeated_before_it_is_sent_shares_its_answer(
         await asyncio.sleep(0.1)
         assert await a.client.zcard(settings.prefix + ":leases:p") == 0
         assert await a.client.zcard(settings.prefix + ":waiters:p") == 0
-
-
-@contextlib.contextmanager
-def heartbeats_held(state: RedisState, after: bool = False) -> Iterator[asyncio.Event]:
-    """Every heartbeat waits for the event: before it reaches Redis, or (``after``) once
-    Redis ran it, before its answer is read."""
-    gate = asyncio.Event()
-    script = state._heartbeat
-
-    async def held(**kwargs: object) -> object:
-        if not after:
-            await gate.wait()
-        answer = await script(**kwargs)
-        if after:
-            await gate.wait()
-        return answer
-
-    state._heartbeat = held  # type: ignore[assignment]
-    try:
-        yield gate
-    finally:
-        state._heartbeat = script
 
 
 async def test_a_waiter_withdrawn_before_its_ask_again_goes_leaves_no_waiter(
@@ -608,6 +601,7 @@ async def test_a_lease_granted_while_a_heartbeat_that_finds_redis_forgot_is_out_
         assert await a.client.zscore(settings.prefix + ":leases:p", lease.member)
         with pytest.raises(TimeoutError):
             other = await b.lease("p", 1, 0, 0, 2)
+            assert other is not None
             b.release(other)
         a.release(lease)
 

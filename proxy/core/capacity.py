@@ -172,6 +172,12 @@ class Capacity:
         pool.set_max(max_concurrency, now)
         return pool
 
+    def cut(self, name: str, now: float, bore: int) -> Pool:
+        """A 429 from provider ``name`` while ``bore`` other calls ran there (``Pool.cut``)."""
+        pool = self.pools[self.known_pool(name)]
+        pool.cut(now, bore)
+        return pool
+
     def recount(self, tiers: int, running: Iterable[Ticket]) -> None:
         """A new number of tiers (a reload): the calls running per tier, counted again
         from the ``running`` tickets, their tiers already renumbered."""

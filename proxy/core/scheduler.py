@@ -249,12 +249,9 @@ class Scheduler:
         self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
     def cut(self, pool: str, now: float, bore: int) -> None:
-        """A 429 from the provider while ``bore`` other calls ran there: lower its
-        effective limit towards that (``proxy.core.capacity``); it grows back by itself.
-        The headroom's budget shrinks with the limit, so a hold may end here."""
-        cut = self._pools[self._capacity.known_pool(pool)]
-        cut.cut(now, bore)
-        self._fill(cut, now)
+        """A 429 while ``bore`` other calls ran there: the provider's limit comes down to
+        that and grows back by itself (``Pool.cut``); the headroom's budget with it."""
+        self._fill(self._capacity.cut(pool, now, bore), now)
 
     def pause(self, target: str, until: float, now: float) -> None:
         """Send nothing through a provider (its name) or a deployment until ``until``; a

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,6 +27,21 @@ from redis.commands.core import AsyncScript
 Asked = list[str | int | float]  # provider, member, limit, rank, waited_ms, key, weight, claim_ms
 Failed = Callable[[BaseException, Sequence[tuple[str, str]]], None]
 HANDOFF_S = 0.02  # how long an answer saying nobody waits for a provider is trusted
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A call of this replica waiting for the slot it asked for (``RedisState.lease``)."""
+
+    provider: str
+    limit: int
+    rank: int
+    arrived: float  # on this replica's monotonic clock
+    future: asyncio.Future[bool]  # True: granted; False: go on without Redis
+    key: str = ""  # the call's key, whose virtual clock orders it among its rank's keys
+    weight: float = 1.0
+    claim_ms: int = 0
+    asked: bool = False  # its ask's answer came back: Redis has it (or granted it)
 
 
 class Batcher:

@@ -23,7 +23,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -34,26 +33,14 @@ from ..core.errors import StateUnavailable
 from . import scripts
 from .answers import SharedAnswers
 from .base import Hooks, Lease, replica_id
-from .batcher import Batcher
+from .batcher import Batcher, Waiter
+from .beat import heartbeat_args, read_answer
 from .health import SharedHealth
 from .link import REDIS_ERRORS, Link
 from .rates import SharedRates
 
 if TYPE_CHECKING:
     from .budgets import SharedBudgets
-
-
-@dataclass(slots=True)
-class _Waiter:
-    provider: str
-    limit: int
-    rank: int
-    arrived: float  # on this replica's monotonic clock
-    future: asyncio.Future[bool]  # True: granted; False: go on without Redis
-    key: str = ""  # the call's key, whose virtual clock orders it among its rank's keys
-    weight: float = 1.0
-    claim_ms: int = 0
-    asked: bool = False  # its ask's answer came back: Redis has it (or granted it)
 
 
 class RedisState:
@@ -79,7 +66,7 @@ class RedisState:
         self._beats = -1  # the last heartbeat Redis answered: what the ``seen`` key holds
         self._held: dict[str, str] = {}  # member → provider
         self._unwritten: set[str] = set()  # held leases Redis has not seen (noted without it)
-        self._waiting: dict[str, _Waiter] = {}
+        self._waiting: dict[str, Waiter] = {}
         self._unreleased: dict[str, str] = {}  # releases Redis did not take: sent again
         self._batcher = Batcher(self._redis.register_script(scripts.BATCH), self._p,
                                 self._ttl_ms, lambda: self._limits, self._batch_failed,
@@ -129,11 +116,7 @@ class RedisState:
         self._closed = True
         for task in self._loops:
             task.cancel()
-        waiting, self._waiting = self._waiting, {}
-        for member, waiter in waiting.items():
-            if not waiter.future.done():
-                waiter.future.set_result(False)
-            self._give_back(member, waiter.provider)  # no slot handed to a replica gone
+        self._lost_redis()  # its waiters withdrawn too: no slot handed to a replica gone
         unreleased, self._unreleased = self._unreleased, {}
         for member, provider in unreleased.items():
             self._give_back(member, provider)
@@ -176,7 +159,7 @@ class RedisState:
         member = f"{self.replica}|{next(self._seq)}|{provider}"
         future = asyncio.get_running_loop().create_future()
         claim_ms = int(claim_s * 1000)
-        self._waiting[member] = _Waiter(provider, limit, rank, time.monotonic() - waited_s,
+        self._waiting[member] = Waiter(provider, limit, rank, time.monotonic() - waited_s,
                                         future, key, weight, claim_ms)
         settled = False
         try:
@@ -309,36 +292,26 @@ class RedisState:
         link = self._link
         self._batcher.distrust()
         recreate = link.rebuild or self._rewrite
-        args: list[str | int] = [self._p, self.replica, self._ttl_ms, int(recreate),
-                                 self._beats + 1, self._beats, len(self._limits)]
-        for name, limit in self._limits.items():
-            args += [name, limit]
         held = list(self._held.items())
         unwritten = self._unwritten & self._held.keys()
-        args.append(len(held))
-        for member, provider in held:
-            args += [provider, member, int(member in unwritten)]
         # Only waiters whose ask Redis has answered: one still on its way is in neither
         # its leases nor its waiters, and asking again for it would ask twice.
         waiting = [(m, w.provider) for m, w in self._waiting.items() if w.asked]
-        args.append(len(waiting))
-        for member, provider in waiting:
-            args += [provider, member]
-        args.append(len(self._deployments))
-        args += self._deployments
+        args = heartbeat_args(self._p, self.replica, self._ttl_ms, recreate, self._beats,
+                              self._limits, held, unwritten, waiting, self._deployments)
         try:
-            alive, granted, lost, opened, forgot = await self._heartbeat(args=args)
+            alive, granted, lost, open_for, forgot = read_answer(
+                await self._heartbeat(args=args))
         except REDIS_ERRORS as exc:
             link.failed(exc)
             return
         self._beats += 1
-        link.alive = int(alive)
-        # A heartbeat that found Redis had forgotten this replica dropped its leases that
-        # it did not list, a grant that reached Redis while it was out among them: the
-        # next one writes back every lease held. One that wrote leases back may have
-        # written one released while it was out: released again.
-        self._rewrite = bool(int(forgot))
-        if recreate or self._rewrite:
+        link.alive = alive
+        # One that found Redis had forgotten this replica dropped the leases it did not
+        # list, a grant that reached Redis meanwhile among them: the next writes back every
+        # lease held. One that wrote leases back may have written a released one: again.
+        self._rewrite = forgot
+        if recreate or forgot:
             for member, provider in held:
                 if member not in self._held:
                     self._give_back(member, provider)
@@ -346,7 +319,7 @@ class RedisState:
         unreleased, self._unreleased = self._unreleased, {}
         for member, provider in unreleased.items():
             self._give_back(member, provider)
-        if int(forgot):
+        if forgot:
             self._rebuild(len(held), len(lost))
         link.answered()
         for member in granted:
@@ -356,13 +329,12 @@ class RedisState:
             if waiter is not None:
                 self._link.spawn(self._again(member, waiter))
         now = time.monotonic()
-        open_for = {opened[i]: int(opened[i + 1]) / 1000 for i in range(0, len(opened), 2)}
         self._health.remote_open = {d: now + s for d, s in open_for.items()}
         if open_for and link.hooks is not None:
             link.hooks.on_breakers(open_for)
         if self._budgets is not None:
             try:
-                await self._budgets.sync(rebuild=bool(int(forgot)))
+                await self._budgets.sync(rebuild=forgot)
             except REDIS_ERRORS as exc:
                 link.failed(exc)
 
@@ -375,7 +347,7 @@ class RedisState:
                         "waiters": waiters, "breakers": breakers, "cuts": cuts,
                         "buckets": self._rates.recharge()}
 
-    async def _again(self, member: str, waiter: _Waiter) -> None:
+    async def _again(self, member: str, waiter: Waiter) -> None:
         """A waiter Redis lost (it restarted): wait again, with the wait so far."""
         if self._waiting.get(member) is not waiter or waiter.future.done():
             return  # the call left since (withdrawn, timed out, cancelled, Redis failed)
