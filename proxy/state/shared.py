@@ -160,7 +160,7 @@ class RedisState:
         future = asyncio.get_running_loop().create_future()
         claim_ms = int(claim_s * 1000)
         self._waiting[member] = Waiter(provider, limit, rank, time.monotonic() - waited_s,
-                                        future, key, weight, claim_ms)
+                                       future, key, weight, claim_ms)
         settled = False
         try:
             async with asyncio.timeout(timeout_s):
