@@ -40,7 +40,7 @@ def test_the_ask_names_the_provider_its_limit_and_the_waiters_place() -> None:
     ticket = call.attempts.ticket
     assert ticket is not None
     assert (ask.provider, ask.limit, ask.key) == ("a", 3, ticket.key)
-    assert ask.rank == leases.rank(ticket) == ticket.current_tier * leases.LEVELS + ticket.level
+    assert ask.rank == leases.rank(ticket) == ticket.current_tier * leases.LEVELS + ticket.standing
     assert ask.waited_s == pytest.approx(4.0 - ticket.arrived)
     assert ask.max_wait_s == pytest.approx(call.plan.deadline - 4.0)
     late = leases.lease_ask(call.attempts, deployment, call.plan.deadline + 5)
@@ -49,8 +49,8 @@ def test_the_ask_names_the_provider_its_limit_and_the_waiters_place() -> None:
 
 def test_a_tier_goes_before_any_level_of_a_less_urgent_one() -> None:
     urgent, relaxed = Ticket(0, ("a/x",), 1.0), Ticket(1, ("a/x",), 1.0)
-    urgent.current_tier, urgent.level = 0, 40  # levels past the last share its rank
-    relaxed.current_tier, relaxed.level = 1, 0
+    urgent.current_tier, urgent.standing = 0, 40  # levels past the last share its rank
+    relaxed.current_tier, relaxed.standing = 1, 0
     assert leases.rank(urgent) == leases.LEVELS - 1 < leases.rank(relaxed)
 
 

@@ -73,15 +73,24 @@ def test_the_level_comes_from_the_stable_size_not_the_learned_estimate() -> None
 # --- aging -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("at", "level"), [(0.0, 2), (19.9, 2), (20.0, 1), (24.9, 1),
-                                           (25.0, 0), (110.0, 0)])
-def test_level_aging_moves_up_one_level_at_a_time(at: float, level: int) -> None:
-    k = Kit(tiers=VERY_PATIENT, promote_after_s=(math.inf, 5.0, 20.0, 60.0))
-    k.occupy()
-    long_call = ticket(1, 10.0)
-    k.submit(long_call, 0.0)
-    k.advance(at)
-    assert long_call.level == level
+LEVEL_EST = (0.5, 3.0, 10.0, 40.0)  # a call of each level
+
+
+@pytest.mark.parametrize(("at", "standing"), [(0.0, 2), (19.9, 2), (20.0, 1), (24.9, 1),
+                                              (25.0, 0), (110.0, 0)])
+def test_a_level_stands_one_higher_at_a_time_as_its_oldest_call_ages(
+        at: float, standing: int) -> None:
+    """A level-2 call that has waited ``at`` goes before a later call of its standing, and
+    after a later call of the level above it."""
+    for rival, first in ((standing, 0), (standing - 1, 1)):
+        if rival < 0:
+            continue
+        k = Kit(tiers=VERY_PATIENT, promote_after_s=(math.inf, 5.0, 20.0, 60.0))
+        k.occupy()
+        long_call, other = ticket(1, 10.0), ticket(1, LEVEL_EST[rival])
+        k.submit(long_call, 0.0)
+        k.submit(other, at)
+        assert k.drain(at)[first] is long_call
 
 
 def test_aged_call_goes_before_later_short_calls() -> None:
@@ -227,13 +236,13 @@ def test_a_requeued_call_keeps_its_tier_promotion_and_level() -> None:
     t = ticket(3, 10.0)
     k.submit(t, 0.0)
     k.advance(70.0)
-    assert (t.current_tier, t.level) == (2, 0)
+    assert (t.current_tier, t.level) == (2, 2)
     k.release("p", 70.0)
     assert k.granted(t)
     k.finish(t, 71.0)
     k.occupy(71.0)
     k.submit(t, 71.0)
-    assert (t.current_tier, t.level, t.arrived) == (2, 0, 0.0)
+    assert (t.current_tier, t.level, t.arrived) == (2, 2, 0.0)  # its level stands at 0
 
 
 # --- bounded queue -----------------------------------------------------------------------

@@ -7,6 +7,8 @@ import resource
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import openai
+import pytest
 from aiohttp import ClientSession, TCPConnector
 from aiohttp.test_utils import TestServer
 
@@ -184,3 +186,50 @@ async def test_a_light_key_is_not_queued_behind_another_keys_burst(
     assert set(shown) == {"heavy", "light"} and shown["heavy"]["share"] > shown["light"]["share"]
     assert 'proxy_key_queue_wait_seconds_count{key="light"} 1.0' in metrics
     assert 'proxy_key_served_seconds_total{key="heavy",tier="normal"}' in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_light_key_waits_about_one_call_beside_a_burst_of_calls_of_the_second_level(
+    aiohttp_server: Factory, counter: TokenCounter, stream: bool
+) -> None:
+    """The case a new user met, with the openai SDK: two keys of one tier, 4 slots, calls of
+    about 0.25 s asking for up to 50 tokens (so both keys' calls join the second level);
+    one key sends 60 at once, the other one every 0.4 s from mid-burst. The light key's
+    calls wait about one call, not until the burst's level has aged past them (1.2 s here:
+    2 % of the tier's 60 s; every light call waited that long before levels aged whole)."""
+    fake = FakeUpstream(hold_s=0.25, chunk_delay_s=0.08)
+    upstream = await aiohttp_server(fake.app())
+    keys = [{"name": "heavy", "key": "heavy-secret", "tier": "normal"},
+            {"name": "light", "key": "light-secret", "tier": "normal"}]
+    config = config_from(
+        [{"name": "p", "base_url": str(upstream.make_url("/v1")), "max_concurrency": 4}],
+        {"m": [{"provider": "p", "model": "x"}]},
+        tiers=[{"name": "high", "max_wait_s": 30}, {"name": "normal", "max_wait_s": 60}],
+        classify={"default_tier": "normal", "keys": keys},
+    )
+    server: TestServer = await aiohttp_server(build_app(config, counter=counter))
+    scheduler = server.app[SERVICE].scheduler
+    url = str(server.make_url("/v1"))
+    heavy = openai.AsyncOpenAI(base_url=url, api_key="heavy-secret", max_retries=0, timeout=60)
+    light = openai.AsyncOpenAI(base_url=url, api_key="light-secret", max_retries=0, timeout=60)
+
+    async def one(client: openai.AsyncOpenAI) -> float:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=50,
+            stream=stream)
+        answer = raw.parse()
+        if stream:
+            async for _ in answer:  # type: ignore[union-attr]
+                pass
+        return int(raw.headers["x-proxy-queue-ms"]) / 1000
+
+    burst = [asyncio.create_task(one(heavy)) for _ in range(60)]
+    await until(lambda: scheduler.depth(1) >= 50)
+    waits = []
+    for _ in range(6):
+        waits.append(asyncio.create_task(one(light)))
+        await asyncio.sleep(0.4)
+    light_waits = sorted(await asyncio.gather(*waits))
+    await asyncio.gather(*burst)
+    assert scheduler.depth(1) == 0
+    assert light_waits[-2] < 0.75, light_waits  # p90 of six: one call is 0.25 s here

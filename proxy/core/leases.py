@@ -31,7 +31,7 @@ LEVELS = 16  # rank = tier * LEVELS + level: the order of tiers, then of levels
 
 def rank(ticket: Ticket) -> int:
     """A waiter's place in the order shared by every replica (lower goes first)."""
-    return ticket.current_tier * LEVELS + min(ticket.level, LEVELS - 1)
+    return ticket.current_tier * LEVELS + min(ticket.standing, LEVELS - 1)
 
 
 @value

@@ -16,10 +16,12 @@ For each free slot of a provider, among the calls that may use it:
 3. *Within a tier*: a call at risk (less than ``rescue_fraction`` of its ``max_wait_s``
    left) first, in deadline order; else the top level (short calls first), and within a
    level the key with the earliest virtual start (``proxy.core.keys``), so keys share
-   the tier by weight; a call moves up a level after ``promote_after_s[level]`` or
-   ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever is sooner
-   (``proxy.core.scheduler``), and after ``tier_promote_after_s`` (off by default) up one
-   tier, once, never above its ``ceiling``.
+   the tier by weight; a level stands one higher each time its oldest call has waited
+   ``promote_after_s[level]`` or ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever
+   is sooner (``proxy.core.scheduler``), and is served there in its own order, so aging
+   never puts one key's old calls ahead of another key's fresh ones of the same size; a
+   call moves up one tier after ``tier_promote_after_s`` (off by default), once, never
+   above its ``ceiling``.
 4. *Headroom* (``proxy.core.headroom``): a call that has used less than half of its
    ``max_wait_s`` may not take the last free slots held for more urgent arrivals; never
    every slot, and never beyond the more urgent tiers' floors.
@@ -201,30 +203,56 @@ class Policy:
 
     def head(self, pool: Pool, tier: int, now: float, earliest: bool = False) -> Choice | None:
         """The ticket of ``tier`` that ``pool`` should take, with the first open gate of its
-        candidates in this pool: the top level first and the earliest virtual start within
-        it, or (``earliest``) the earliest deadline whatever the level."""
+        candidates in this pool: the top standing first (a level stands higher as its oldest
+        call ages) and the earliest virtual start within it — unless another key's call
+        started more than one of the tier's longest calls earlier (``_behind``); or
+        (``earliest``) the earliest deadline whatever the level."""
         if earliest:
             return self._earliest(pool, tier, now)
         name = pool.name
+        best: Ticket | None = None
+        gate: Gate | None = None
+        best_standing = 0
+        first: Ticket | None = None  # the earliest virtual start of any level
+        first_gate: Gate | None = None
+        first_standing = 0
         for cohorts in self._queues.levels(name, tier):
-            best: Ticket | None = None
-            gate: Gate | None = None
             for cohort in cohorts:
                 if not cohort.heap:  # most are empty: not even a call
                     continue
-                ticket = cohort.head()
+                ticket, standing = cohort.pick(now)
                 if ticket is None:
                     continue
-                if best is not None:  # (tag, order) against the best's: plain comparisons
-                    tag, best_tag = ticket.tag, best.tag
-                    if tag > best_tag or (tag == best_tag and ticket.order >= best.order):
+                tag, order = ticket.tag, ticket.order  # plain comparisons: hot path
+                if best is None or first is None:
+                    better = earlier = True
+                else:
+                    better = standing < best_standing or (standing == best_standing and (
+                        tag < best.tag or (tag == best.tag and order < best.order)))
+                    earlier = tag < first.tag or (tag == first.tag and order < first.order)
+                    if not (better or earlier):
                         continue
                 found = _open_gate(cohort, name, now)
-                if found is not None:
-                    best, gate = ticket, found
-            if best is not None and gate is not None:
-                return best, gate
-        return None
+                if found is None:
+                    continue
+                if better:
+                    best, gate, best_standing = ticket, found, standing
+                if earlier:
+                    first, first_gate, first_standing = ticket, found, standing
+        if best is None or gate is None:
+            return None
+        if (first is not None and first_gate is not None and first is not best
+                and first.key != best.key and self._behind(pool, tier, first, best, now)):
+            best, gate, best_standing = first, first_gate, first_standing
+        best.standing = best_standing
+        return best, gate
+
+    def _behind(self, pool: Pool, tier: int, first: Ticket, best: Ticket, now: float) -> bool:
+        """Whether ``first``'s key started more than one of the tier's longest calls (in
+        its virtual time) before ``best``'s call: shorter calls of other keys may go ahead
+        of a key only that far, so a key of long calls beside another key's burst of short
+        ones waits about one call, not until its level ages."""
+        return best.tag - first.tag > self.unit(pool, tier, now)
 
     def _earliest(self, pool: Pool, tier: int, now: float) -> Choice | None:
         """``head``'s earliest deadline of ``tier`` whatever the level."""

@@ -52,9 +52,9 @@ from .scheduler_types import (
     TierSpec,
 )
 
-# A call waits at most this fraction of its tier's max_wait_s at a level before it moves up
-# one (or promote_after_s, if that is sooner): shorter calls go first, but a long call of an
-# urgent tier is not kept waiting long behind them.
+# A level's oldest call waits at most this fraction of its tier's max_wait_s before the
+# level stands one up (or promote_after_s, if that is sooner): shorter calls go first, but a
+# long call of an urgent tier is not kept waiting long behind them.
 LEVEL_AGING = 0.02
 
 __all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
@@ -166,7 +166,7 @@ class Scheduler:
             return
         if not self._queues.queued and self._start_at_once(ticket, gates, now):
             return
-        self._catch_up(now)  # calls due to move up join their level before this one
+        self._catch_up(now)  # calls due to move up a tier join it before this one
         self._queues.add(ticket)
         for pool in pools:
             self._fill(pool, now)
@@ -374,7 +374,6 @@ class Scheduler:
 
     def _catch_up(self, now: float) -> None:
         self._queues.promote_tiers(now, self._charges.keys.virtual)
-        self._queues.age(now)
 
     # --- bookkeeping --------------------------------------------------------------------
 

@@ -3,8 +3,13 @@
 - Cohorts, one per (tier, level, candidate tuple): heaps ordered by the calls' virtual
   starts (``proxy.core.keys``; arrival order for one key), and a call that comes back (a
   re-try) goes back to its place instead of the tail.
-- One heap each for level aging, tier promotion and deadlines, ordered by when they fall
-  due, so expiry is exact whatever order calls entered in.
+- A level ages as a whole: its *standing* rises one level each time its oldest call has
+  waited there long enough, and it is then served in its own order. A call never leaves
+  its level for a younger one of another key to wait behind it: moving an old call up
+  alone would turn a key's backlog, once aged, into a queue ahead of every fresh call of
+  its level, whatever the keys' shares.
+- One heap each for tier promotion and deadlines, ordered by when they fall due, so
+  expiry is exact whatever order calls entered in.
 - Per tier, the newest arrival first (the eviction victim).
 
 A ticket that leaves or moves is not searched for: every entry records the ticket's
@@ -16,15 +21,17 @@ bounded and the cost amortised O(log n).
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
 from .capacity import Gate
 from .scheduler_types import QUEUED, Ticket, TicketState
 
-# A queued ticket has at most seven live entries (two in its cohort, newest, aging,
-# promotion and two deadlines): rebuild once the entries exceed twice that per live
+# A queued ticket has at most seven live entries (three in its cohort, newest, promotion
+# and two deadlines): rebuild once the entries exceed twice that per live
 # ticket, plus a constant.
 _STALE_FACTOR = 14
 _COMPACT_SLACK = 4096
@@ -34,19 +41,22 @@ Row = tuple[str, list[int], list[float]]  # a pool's name, its counts and second
 
 
 class Cohort:
-    """Tickets of one tier and level with the same candidates: by arrival (``head``) and
-    by deadline (``earliest``)."""
+    """Tickets of one tier and level with the same candidates: by virtual start
+    (``head``), by deadline (``earliest``) and, above level 0, by arrival (``oldest``)."""
 
-    __slots__ = ("candidates", "due", "gates", "heap", "level", "tier")
+    __slots__ = ("candidates", "climb", "due", "gates", "heap", "level", "old", "tier")
 
     def __init__(self, tier: int, level: int, candidates: tuple[str, ...],
-                 gates: dict[str, tuple[Gate, ...]]) -> None:
+                 gates: dict[str, tuple[Gate, ...]], climb: tuple[float, ...]) -> None:
         self.tier = tier
         self.level = level
         self.candidates = candidates
         self.gates = gates  # per pool, the candidates' gates in preference order
+        # The waits of its oldest call at which the level stands one more level up.
+        self.climb = climb
         self.heap: list[tuple[float, int, int, Ticket]] = []
         self.due: list[Entry] = []
+        self.old: list[tuple[int, int, Ticket]] = []  # (order, epoch, ticket): by arrival
 
     def head(self) -> Ticket | None:
         """The earliest virtual start (of one key: the oldest arrival)."""
@@ -68,6 +78,25 @@ class Cohort:
             heapq.heappop(due)
         return None
 
+    def pick(self, now: float) -> tuple[Ticket | None, int]:
+        """The call to serve next and the level the cohort is served at now (its
+        *standing*): its own level, less one for each step of ``climb`` its oldest call has
+        waited. The earliest virtual start goes first, but a level that stands higher
+        because a key's own oldest call aged serves that call (arrival order within a key,
+        as before the level aged)."""
+        head = self.head()
+        level = self.level
+        if not level or head is None:
+            return head, 0
+        old = self.old
+        while old:
+            _, epoch, oldest = old[0]
+            if oldest.epoch == epoch and oldest.state is QUEUED:
+                standing = level - bisect.bisect_right(self.climb, now - oldest.arrived)
+                return (oldest if standing < level and oldest.key == head.key else head,
+                        standing)
+            heapq.heappop(old)
+        return head, level
 
 GateResolver = Callable[[tuple[str, ...]], dict[str, tuple[Gate, ...]]]
 
@@ -76,11 +105,14 @@ class TicketQueues:
     def __init__(self, tiers: int, levels: int, promote_after_s: Sequence[Sequence[float]],
                  tier_promote_after_s: Sequence[float], resolve: GateResolver,
                  on_count: Callable[[int, str, int], None] | None = None) -> None:
-        """``promote_after_s[tier][level]``: how long a call waits at a level of a tier
-        before it moves up one."""
+        """``promote_after_s[tier][level]``: how long a level of a tier waits before it
+        stands one level up (counted from its oldest call's arrival, level after level)."""
         self._tiers = tiers
         self._levels = levels
-        self._promote_after = tuple(tuple(p) for p in promote_after_s)
+        self._climb = tuple(
+            tuple(tuple(c for c in itertools.accumulate(after[level:0:-1]) if c < math.inf)
+                  for level in range(levels))
+            for after in promote_after_s)
         self._on_count = on_count  # (tier, key, +1 / -1) whenever a ticket joins or leaves
         # (pool, tier) whenever a ticket leaving a tier (served, cancelled, refused, moved up
         # a tier) leaves none of that tier waiting for the pool.
@@ -90,7 +122,6 @@ class TicketQueues:
         self._cohorts: dict[tuple[int, int, tuple[str, ...]], Cohort] = {}
         self._cohorts_for: dict[str, list[list[list[Cohort]]]] = {}
         self._rows_of: dict[tuple[str, ...], tuple[Row, ...]] = {}
-        self._aging: list[Entry] = []
         self._promotions: list[Entry] = []
         self._deadlines: list[Entry] = []
         self._newest: list[list[tuple[int, int, Ticket]]] = [[] for _ in range(tiers)]
@@ -149,17 +180,6 @@ class TicketQueues:
         per_tier = self._cohorts_for.get(pool)
         return [] if per_tier is None else per_tier[tier]
 
-    def age(self, now: float) -> None:
-        """Move every ticket that waited long enough at its level up one level; the move
-        is stamped with the time it fell due, so a late look delays nothing."""
-        heap = self._aging
-        while heap and heap[0][0] <= now:
-            due, _, epoch, ticket = heapq.heappop(heap)
-            self._entries -= 1
-            if ticket.epoch != epoch or ticket.state is not QUEUED:
-                continue
-            self._move(ticket, ticket.current_tier, ticket.level - 1, due)
-
     def promote_tiers(self, now: float, virtual: Sequence[float]) -> None:
         """Move every ticket that waited long enough in its own tier up one tier, once, and
         never above its ceiling; it starts there at the tier's virtual time ``virtual``."""
@@ -172,7 +192,7 @@ class TicketQueues:
                 continue
             ticket.promoted = True
             ticket.tag = virtual[ticket.current_tier - 1]
-            self._move(ticket, ticket.current_tier - 1, ticket.level, ticket.entered_level)
+            self._move(ticket, ticket.current_tier - 1)
 
     def next_tier_promotion(self) -> float:
         return self._peek(self._promotions, promotion=True)
@@ -254,7 +274,7 @@ class TicketQueues:
         self._entries += 1
 
     def _join(self, ticket: Ticket) -> None:
-        """Enter the cohort (and aging heap) of the ticket's tier and level."""
+        """Enter the cohort of the ticket's tier and level."""
         tier, level, order = ticket.current_tier, ticket.level, ticket.order
         epoch = ticket.epoch = ticket.epoch + 1
         cohort = self._cohort(tier, level, ticket.candidates)
@@ -264,20 +284,15 @@ class TicketQueues:
         heapq.heappush(self._newest[tier], (-order, epoch, ticket))
         heapq.heappush(self._due[tier], due)
         self._entries += 4
-        if level > 0:
-            aged = ticket.entered_level + self._promote_after[tier][level]
-            if aged < math.inf:
-                heapq.heappush(self._aging, (aged, order, epoch, ticket))
-                self._entries += 1
+        if level > 0 and cohort.climb:
+            heapq.heappush(cohort.old, (order, epoch, ticket))
+            self._entries += 1
         self._count(ticket, +1)
 
-    def _move(self, ticket: Ticket, tier: int, level: int, entered: float) -> None:
+    def _move(self, ticket: Ticket, tier: int) -> None:
         self._count(ticket, -1)
-        if tier != ticket.current_tier:
-            self._emptied(ticket, ticket.current_tier)
+        self._emptied(ticket, ticket.current_tier)
         ticket.current_tier = tier
-        ticket.level = level
-        ticket.entered_level = entered
         self._join(ticket)
 
     def _count(self, ticket: Ticket, delta: int) -> None:
@@ -316,7 +331,7 @@ class TicketQueues:
         cohort = self._cohorts.get((tier, level, candidates))
         if cohort is None:
             gates = self._resolve(candidates)
-            cohort = Cohort(tier, level, candidates, gates)
+            cohort = Cohort(tier, level, candidates, gates, self._climb[tier][level])
             self._cohorts[(tier, level, candidates)] = cohort
             for pool in gates:
                 per_tier = self._cohorts_for.setdefault(
@@ -336,6 +351,9 @@ class TicketQueues:
                         if entry[3].epoch == entry[2] and entry[3].state is QUEUED]
             self._due[cohort.tier] += cohort.due  # the same live entries
             heapq.heapify(cohort.due)
+            cohort.old = [entry for entry in cohort.old
+                          if entry[2].epoch == entry[1] and entry[2].state is QUEUED]
+            heapq.heapify(cohort.old)
         for due in self._due:
             heapq.heapify(due)
         self._newest = [[] for _ in range(self._tiers)]
@@ -343,15 +361,12 @@ class TicketQueues:
             self._newest[t.current_tier].append((-t.order, t.epoch, t))
         for heap in self._newest:
             heapq.heapify(heap)
-        self._aging = [e for e in self._aging
-                       if e[3].epoch == e[2] and e[3].state is QUEUED]
-        heapq.heapify(self._aging)
         for name in ("_promotions", "_deadlines"):
             kept = [e for e in getattr(self, name)
                     if e[3].visit == e[2] and e[3].state is QUEUED]
             heapq.heapify(kept)
             setattr(self, name, kept)
-        self._entries = (sum(len(c.heap) + len(c.due) for c in self._cohorts.values())
+        self._entries = (sum(len(c.heap) + len(c.due) + len(c.old)
+                             for c in self._cohorts.values())
                          + sum(map(len, self._newest)) + sum(map(len, self._due))
-                         + len(self._aging)
                          + len(self._promotions) + len(self._deadlines))

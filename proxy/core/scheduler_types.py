@@ -149,14 +149,14 @@ class Ticket:
     key_weight: float = 1.0
     state: TicketState = field(init=False, default=NEW)
     current_tier: int = field(init=False, default=0)
-    level: int = field(init=False, default=0)
+    level: int = field(init=False, default=0)  # by its size; its level's standing ages
+    standing: int = field(init=False, default=0)  # its level's standing when last chosen
     arrived: float = field(init=False, default=math.nan)
     deadline: float = field(init=False, default=math.nan)
     dispatched_at: float = field(init=False, default=math.nan)
     beside: int = field(init=False, default=0)  # other calls on its provider when it got a slot
     deployment: str | None = field(init=False, default=None)  # the gate it went through
     pool: str | None = field(init=False, default=None)
-    entered_level: float = field(init=False, default=math.nan)
     order: int = field(init=False, default=-1)  # arrival order, kept on re-queue
     tag: float = field(init=False, default=0.0)  # its key's virtual start: the queue's order
     key_claim_s: float = field(init=False, default=0.0)  # what its key was charged on arrival
@@ -180,7 +180,8 @@ class Ticket:
         self.current_tier = self.tier
         self.level = bisect.bisect_left(
             level_bounds_s, self.est_service_s if self.size_s is None else self.size_s)
-        self.arrived = self.entered_level = now
+        self.standing = self.level
+        self.arrived = now
         self.order = order
         wait_s = self.max_wait_s  # the caller's, where it allows less than the tier
         if wait_s is None or not wait_s <= tier_max_wait_s:  # conditions, not min()/max():

@@ -168,15 +168,22 @@ def urgent_overload(factor: float, seed: int = 0) -> Scenario:
                     "over normal and low", table(8), tuple(calls))
 
 
-def noisy_neighbour(seed: int = 0) -> Scenario:
-    """Two keys of tier normal, 4 slots, 0.5 s calls: ``heavy`` sends 200 at once, ``light``
-    one every 0.5 s (a quarter of the capacity) for 40 s (the same calls for every seed)."""
+def noisy_neighbour(seed: int = 0, heavy_s: float = 0.5, light_s: float = 0.5,
+                    claims: float = 1.0, start: float = 0.01, name: str = "") -> Scenario:
+    """Two keys of tier normal, 4 slots: ``heavy`` sends 200 calls of ``heavy_s`` at once,
+    ``light`` calls of ``light_s`` from ``start`` at a quarter of the capacity while the
+    burst lasts (at most 40 s); every call claims ``claims`` times what it takes (the same
+    calls for every seed)."""
     del seed
     keys = [{"name": "heavy", "tier": "normal"}, {"name": "light", "tier": "normal"}]
-    calls = [call(0.0, 0.5, "normal", "heavy") for _ in range(200)]
-    calls += [call(0.01 + i * 0.5, 0.5, "normal", "light") for i in range(80)]
-    return Scenario("noisy-neighbour", "4 slots: one key's 200-call burst beside another "
-                    "key's steady quarter", table(4, keys=keys),
+    every = light_s  # one slot of four
+    calls = [call(0.0, heavy_s, "normal", "heavy", heavy_s * claims) for _ in range(200)]
+    calls += [call(start + i * every, light_s, "normal", "light", light_s * claims)
+              for i in range(int(min(40.0, 50 * heavy_s) / every))]
+    about = (f"4 slots: one key's 200-call burst of {heavy_s:g} s beside another key's "
+             f"{light_s:g} s calls at a quarter from {start:g} s"
+             + (f", each claiming {claims:g}x" if claims != 1.0 else ""))
+    return Scenario(name or "noisy-neighbour", about, table(4, keys=keys),
                     tuple(sorted(calls, key=lambda c: c.t)), light_key="light")
 
 
@@ -332,6 +339,15 @@ BUILDERS: dict[str, Callable[[int], Scenario]] = {
     "urgent-1.2x": lambda seed: urgent_overload(1.2, seed=seed),
     "urgent-2x": lambda seed: urgent_overload(2.0, seed=seed),
     "noisy-neighbour": noisy_neighbour,
+    # The light key mid-burst, every call claiming 4x (a client that sends no max_tokens):
+    # both keys' calls join the second level, which ages while the burst waits.
+    "keys-mid-burst": lambda seed: noisy_neighbour(seed, claims=4.0, start=1.0,
+                                                   name="keys-mid-burst"),
+    # Unequal sizes: the light key's calls longer than the burst's, then shorter.
+    "keys-long-light": lambda seed: noisy_neighbour(seed, light_s=2.0, start=7.3,
+                                                    name="keys-long-light"),
+    "keys-short-light": lambda seed: noisy_neighbour(seed, heavy_s=2.0, light_s=0.2, start=1.0,
+                                                     name="keys-short-light"),
     "weighted-keys": weighted_keys,
     "conversation-4-a": lambda seed: conversation(4, "a", seed=seed),
     "conversation-10-b": lambda seed: conversation(10, "b", seed=seed),
