@@ -13,6 +13,9 @@ from . import __version__
 from .config import Config, ConfigError, load_config
 
 INTERNAL_TOKEN_ENV = "TRIAGE_INTERNAL_TOKEN"
+# When stdout's reader has gone (``simulate ... | head``): the status of a process that
+# SIGPIPE ended, as ``yes | head`` gives; 1 is the scoreboard's failed bound, 2 a usage error.
+STDOUT_CLOSED = 141
 
 
 def _summary(config: Config) -> str:
@@ -37,6 +40,22 @@ def _summary(config: Config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _command(argv)
+        finally:
+            # Flushed here, where a reader that has gone can still be caught, not at exit.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # As the Python docs advise (the signal module, "Note on SIGPIPE"): what is still
+        # buffered goes to devnull, or the flush at exit fails again and prints a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return STDOUT_CLOSED
+
+
+def _command(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="triage-proxy", description=__doc__)
     parser.add_argument("--version", action="version", version=f"triage-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         # background responses) authenticate with: a line may land on any of them.
         run(config, host, port, args.config, reuse_port=args.reuse_port,
             internal_token=os.environ.get(INTERNAL_TOKEN_ENV) if args.reuse_port else None)
+    except BrokenPipeError:
+        raise  # "listening on" met a closed stdout, not a port in use: main ends quietly
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
