@@ -1,17 +1,19 @@
-"""The command line as a newcomer meets it: every subcommand ends quietly when its reader
-has gone (``python -m proxy simulate ... | head``)."""
+"""The command line as a newcomer meets it: help in plain text that says what each command
+does, and every subcommand ending quietly when its reader has gone (``python -m proxy
+simulate ... | head``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from proxy.__main__ import STDOUT_CLOSED
+from proxy.__main__ import COMMANDS, STDOUT_CLOSED, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,3 +47,25 @@ def test_every_subcommand_ends_quietly_when_its_reader_has_gone(tmp_path: Path) 
     for args, process in started:
         _, err = process.communicate(timeout=60)
         assert (process.returncode, err) == (STDOUT_CLOSED, ""), args
+
+
+def helped(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_help_is_plain_text_and_says_what_its_command_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The main help was the module's docstring, ``reST`` and all.
+    top = helped(capsys)
+    listed = re.search(r"\{(\w+(?:,\w+)+)\}", top)
+    assert listed is not None
+    names = listed[1].split(",")
+    assert set(names) == {"serve", "check", "simulate", "scoreboard", "fit"}
+    assert "``" not in top
+    for name in names:
+        text = helped(capsys, name)
+        assert "``" not in text, name
+        assert " ".join(COMMANDS[name].split()) in " ".join(text.split()), name
