@@ -1,5 +1,6 @@
-"""Command line: ``python -m proxy serve|check|simulate --config routing.yaml``, and
-``python -m proxy scoreboard``."""
+"""The command line, ``python -m proxy`` or ``triage-proxy``: ``serve``, ``check``,
+``simulate``, ``scoreboard`` and ``fit``. What ``--help`` prints is plain text, not this
+docstring's reST."""
 
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ from . import __version__
 from .config import Config, ConfigError, load_config
 
 INTERNAL_TOKEN_ENV = "TRIAGE_INTERNAL_TOKEN"
+ABOUT = "An OpenAI-compatible reverse proxy that decides which LLM call goes first."
+COMMANDS = {
+    "serve": "run the proxy; it prints 'listening on URL' when ready",
+    "check": "validate a routing table and print a summary",
+    "simulate": "replay a trace through the real scheduler on a virtual clock",
+    "scoreboard": "check the scheduling policy's bounds on every scenario, beside reference "
+                  "disciplines (exit status 1 if one fails)",
+    "fit": "fit each provider's timing (its simulate: block) from the proxy's JSON access "
+           "log",
+}
+# When stdout's reader has gone (``simulate ... | head``): the status of a process that
+# SIGPIPE ended, as ``yes | head`` gives; 1 is the scoreboard's failed bound, 2 a usage error.
+STDOUT_CLOSED = 141
 
 
 def _summary(config: Config) -> str:
@@ -37,34 +51,60 @@ def _summary(config: Config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="triage-proxy", description=__doc__)
+    try:
+        try:
+            return _command(argv)
+        finally:
+            # Flushed here, where a reader that has gone can still be caught, not at exit.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # As the Python docs advise (the signal module, "Note on SIGPIPE"): what is still
+        # buffered goes to devnull, or the flush at exit fails again and prints a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return STDOUT_CLOSED
+
+
+def _command(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="triage-proxy", description=ABOUT,
+        epilog="Each command's options: triage-proxy COMMAND --help. More in README.md and "
+               "docs/.")
     parser.add_argument("--version", action="version", version=f"triage-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
+
+    def command(name: str) -> argparse.ArgumentParser:
+        # Its help in the list of commands, and its description atop its own --help.
+        return commands.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
+
+    serve = command("serve")
+    serve.add_argument("--config", default="routing.yaml",
+                       help="the routing table (YAML; default routing.yaml)")
     serve.add_argument("--host", help="overrides listen.host")
     serve.add_argument("--port", type=int, help="overrides listen.port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", type=str.upper,
-                       choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                       choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     serve.add_argument("--access-log", action="store_true",
                        help="one line per call on stdout (access_log.format: json or text)")
     serve.add_argument("--workers", type=int, default=1,
-                       help="processes serving one port (more than 1 needs state.backend: "
-                            "redis)")
+                       help="processes serving one port (default 1; more needs "
+                            "state.backend: redis)")
     serve.add_argument("--no-fast-lane", action="store_true",
                        help="serve every call through aiohttp's own request handling "
                             "(as server.fast_lane: false)")
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-    check = commands.add_parser("check", help="validate a config and print a summary")
-    check.add_argument("--config", default="routing.yaml", help="the routing table (YAML)")
-    sim = commands.add_parser(
-        "simulate", help="replay a trace through the real scheduler on a virtual clock")
+    check = command("check")
+    check.add_argument("--config", default="routing.yaml",
+                       help="the routing table (YAML; default routing.yaml)")
+    sim = command("simulate")
     sim.add_argument("--config", action="append", dest="configs", metavar="PATH",
                      help="the routing table (default routing.yaml); a second one is "
                           "compared with the first on the same trace")
     sim.add_argument("--trace", required=True,
-                     help="CSV (TIMESTAMP,ContextTokens,GeneratedTokens[,tier,key,model,"
-                          "max_tokens]), .jsonl, or the JSON access log (.log)")
+                     help="CSV (TIMESTAMP, ContextTokens, GeneratedTokens, and optionally "
+                          "tier, key, model, max_tokens), .jsonl, or the JSON access log "
+                          "(.log)")
     sim.add_argument("--speed", type=float, default=1.0,
                      help="arrivals this many times as fast (default 1)")
     sim.add_argument("--compare", metavar="fcfs,priority,wfq,static",
@@ -74,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--json", action="store_true", help="one JSON object, on the last line")
     sim.add_argument("--out", metavar="report.html",
                      help="write a self-contained HTML report with charts")
-    board = commands.add_parser(
-        "scoreboard", help="the policy's bounds on every scenario, beside reference disciplines")
+    board = command("scoreboard")
     board.add_argument("--only", metavar="NAME[,NAME...]", help="these scenarios only")
     board.add_argument("--details", action="store_true",
                        help="each bound's figures and the disciplines side by side")
@@ -84,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--seeds", type=int, default=1, metavar="N",
                        help="each scenario drawn with seeds 0 to N-1 and judged on all their "
                             "calls together (default 1: the scoreboard's own calls)")
-    fitting = commands.add_parser(
-        "fit", help="fit each provider's simulate: timing from a JSON access log")
-    fitting.add_argument("--log", required=True, help="the proxy's JSON access log")
+    fitting = command("fit")
+    fitting.add_argument("--log", required=True,
+                         help="the proxy's JSON access log (serve --access-log)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "ERROR"),  # check prints its warnings itself
@@ -144,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         # background responses) authenticate with: a line may land on any of them.
         run(config, host, port, args.config, reuse_port=args.reuse_port,
             internal_token=os.environ.get(INTERNAL_TOKEN_ENV) if args.reuse_port else None)
+    except BrokenPipeError:
+        raise  # "listening on" met a closed stdout, not a port in use: main ends quietly
     except OSError as exc:
         print(f"cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1

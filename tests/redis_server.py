@@ -16,6 +16,7 @@ import pytest
 import redis
 
 URL = "redis://127.0.0.1:6379/0"
+NO_SERVER = "redis-server is not on PATH: install Debian's redis-server package"
 
 
 def shared_redis() -> redis.Redis:
@@ -23,7 +24,8 @@ def shared_redis() -> redis.Redis:
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {URL}: {exc} (.ci/run starts one)")
+        pytest.skip(f"no Redis at {URL}: {exc} (.ci/run starts one when redis-server is "
+                    "installed)")
     return client
 
 
@@ -52,7 +54,7 @@ class PrivateRedis:
 
     def __init__(self) -> None:
         if shutil.which("redis-server") is None:
-            pytest.skip("redis-server is not installed")
+            pytest.skip(NO_SERVER)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None

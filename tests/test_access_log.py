@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,6 +17,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.tokens import TokenCounter
+from proxy.http.base.access import AccessLog, CallRecord
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 
@@ -176,3 +178,17 @@ async def test_no_secret_is_ever_written(
     for secret in ("app-secret-1", "batch-secret-2", "wrong-secret-9", "admin-secret-3",
                    "provider-secret"):
         assert secret not in written, secret
+
+
+def test_a_reader_that_closes_the_pipe_costs_one_warning(
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --access-log | head``: the proxy serves on, without a traceback a call."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as stream:
+        access = AccessLog("json", stream)
+        for n in range(3):
+            access.emit(f"req-{n}", "POST", "/v1/chat/completions", 200, 0.1, CallRecord(0.0))
+    warned = [r for r in caplog.records if "reader closed the pipe" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "Logging error" not in capsys.readouterr().err

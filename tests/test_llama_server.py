@@ -55,7 +55,8 @@ class Upstream:
 def missing(*modules: str) -> str | None:
     """Why ``LLAMA_PYTHON`` cannot import ``modules``, or None."""
     if not LLAMA_PYTHON.exists():
-        return f"no {LLAMA_PYTHON} (scripts/llama_setup; TRIAGE_LLAMA_PYTHON names another)"
+        return (f"no {LLAMA_PYTHON} (scripts/llama_setup builds it, about 5 min, as .ci/run "
+                "does; TRIAGE_LLAMA_PYTHON names another)")
     probe = subprocess.run([str(LLAMA_PYTHON), "-c", f"import {', '.join(modules)}"],
                            capture_output=True, text=True, timeout=60)
     if probe.returncode:

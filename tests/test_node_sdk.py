@@ -51,7 +51,8 @@ def pinned() -> str:
 def node_or_skip() -> str:
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not on PATH: the Node SDK's checks need Node.js 20 or later")
+        pytest.skip("node is not on PATH: the Node SDK's checks need Node.js 20 or later, "
+                    f"then `{INSTALL}` for the package")
     version = subprocess.run([node, "--version"], capture_output=True, text=True,
                              check=True, timeout=30).stdout.strip()
     if int(version.removeprefix("v").split(".")[0]) < 20:

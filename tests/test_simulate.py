@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
 from proxy.sim.disciplines import reference
-from proxy.sim.report import summary, table
+from proxy.sim.report import compare_table, summary, table
 from proxy.sim.run import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,3 +307,48 @@ def test_provider_faults_are_replayed_as_live() -> None:
     codes = {o.code for o in simulate(broken, calls).outcomes}
     assert None not in codes and codes <= {"upstream_error", "upstream_unavailable"}
     assert "upstream_unavailable" in codes  # the breaker opened
+
+
+def wide(mean: float, timeouts: int, makespan: float) -> dict[str, object]:
+    """A report whose figures are wider than the columns they used to be given."""
+    tier = {"n": 3168, "mean": mean, "p50": 119.65, "p99": 120.0, "max": 123456.0,
+            "timeouts": timeouts, "evicted": 0, "refused": 1234567, "cost_usd": 123456.5}
+    return {"calls": 3168, "unclassified": 0, "makespan_s": makespan, "inversions": 0,
+            "tiers": {"a-long-tier-name-of-a-table": tier},
+            "keys": {"support-chat": {"n": 1, "share": 0.5, "p90": 102345.0},
+                     "nightly-batch": {"n": 1, "share": 0.5, "p90": 0.5}},
+            "providers": {"sim": {"utilisation": 0.96}}}
+
+
+def cells(line: str) -> list[str]:
+    """A line's cells: the columns are two spaces apart, and no cell holds two spaces."""
+    return re.split(r" {2,}", line.strip())
+
+
+def test_the_side_by_side_table_keeps_every_column_apart() -> None:
+    # A miss count of 902 beside 102.33 s read "902102.33 s" in the fixed-width table.
+    text = compare_table({"triage-proxy": wide(102.3, 902, 790.0),
+                          "fcfs": wide(102.33, 1234930, 123456.9)})
+    head, titles, row, span, _, chat, batch = text.splitlines()
+    assert cells(row) == ["a-long-tier-name-of-a-table (3168)",
+                          "102.30 s / 120.00 s / 123456.00 s", "902",
+                          "102.33 s / 120.00 s / 123456.00 s", "1234930"]
+    assert cells(span) == ["makespan", "790.0 s", "123456.9 s"]
+    assert cells(chat) == ["support-chat", "50% 102345.00 s", "50% 102345.00 s"]
+    assert cells(batch) == ["nightly-batch", "50% 500 ms", "50% 500 ms"]
+    # Right-aligned: each figure ends where its heading does.
+    for above, heading, line, figure in ((head, "triage-proxy", span, "790.0 s"),
+                                         (head, "fcfs", span, "123456.9 s"),
+                                         (titles, "miss", row, " 902 "),
+                                         (head, "fcfs", row, "1234930")):
+        figure = figure.rstrip()
+        assert above.index(heading) + len(heading) == line.index(figure) + len(figure)
+
+
+def test_the_tier_table_keeps_every_column_apart() -> None:
+    lines = table(wide(102.3, 902, 790.0), "x").splitlines()
+    assert cells(lines[1]) == ["tier", "n", "mean", "p50", "p99", "max", "timeouts",
+                               "evicted", "refused", "cost $"]
+    assert cells(lines[2]) == ["a-long-tier-name-of-a-table", "3168", "102.30 s", "119.65 s",
+                               "120.00 s", "123456.00 s", "902", "0", "1234567", "123456.5000"]
+    assert all(len(line) == len(lines[1]) for line in lines[1:3])

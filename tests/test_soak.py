@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .redis_server import NO_SERVER
+
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = {"kill_replica", "redis_restart_empty", "redis_pause", "storm_429",
           "slow_upstream", "term_replica"}
@@ -26,7 +28,7 @@ CRITICAL_P99_MS = "2000"
 
 def test_a_short_soak_with_one_fault_of_each_kind_passes_its_checks(tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip(NO_SERVER)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "1.4",
          "--fault-every", "12", "--batch-lines", "30", "--critical-p99-ms", CRITICAL_P99_MS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from ..config import Config
 from ..core.quantile import percentile
@@ -79,19 +80,30 @@ def _seconds(value: object) -> str:
     return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
+GAP = "  "  # between two columns however wide their cells: figures never run together
+
+
+def aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows of cells as lines: the first column left-aligned, the others right-aligned,
+    each as wide as its widest cell. A row may stop short of the last columns."""
+    widths = [max(len(row[i]) for row in rows if i < len(row))
+              for i in range(max(len(row) for row in rows))]
+    return [(indent + row[0].ljust(widths[0]) + "".join(
+        GAP + cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False))
+             ).rstrip() for row in rows]
+
+
 def table(report: dict[str, object], title: str) -> str:
     tiers = report["tiers"]
     providers = report["providers"]
     assert isinstance(tiers, dict) and isinstance(providers, dict)
+    rows = [["tier", "n", "mean", "p50", "p99", "max", "timeouts", "evicted", "refused",
+             "cost $"]]
+    rows += [[name, str(t["n"]), _seconds(t["mean"]), _seconds(t["p50"]), _seconds(t["p99"]),
+              _seconds(t["max"]), str(t["timeouts"]), str(t["evicted"]), str(t["refused"]),
+              f"{t['cost_usd']:.4f}"] for name, t in tiers.items()]
     lines = [f"{title}: {report['calls']} calls, makespan {float(report['makespan_s']):.1f} s, "  # type: ignore[arg-type]
-             f"{report['inversions']} priority inversions",
-             f"  {'tier':<12}{'n':>7}{'mean':>10}{'p50':>10}{'p99':>10}{'max':>10}"
-             f"{'timeouts':>10}{'evicted':>9}{'refused':>9}{'cost $':>11}"]
-    for name, t in tiers.items():
-        lines.append(
-            f"  {name:<12}{t['n']:>7}{_seconds(t['mean']):>10}{_seconds(t['p50']):>10}"
-            f"{_seconds(t['p99']):>10}{_seconds(t['max']):>10}{t['timeouts']:>10}"
-            f"{t['evicted']:>9}{t['refused']:>9}{t['cost_usd']:>11.4f}")
+             f"{report['inversions']} priority inversions", *aligned(rows)]
     if report.get("unclassified"):
         lines.append(f"  + {report['unclassified']} refused before a tier (unknown model)")
     lines.append("  utilisation: " + ", ".join(
@@ -106,29 +118,30 @@ def compare_table(reports: dict[str, dict[str, object]]) -> str:
     first = reports[names[0]]
     tiers = first["tiers"]
     assert isinstance(tiers, dict)
-    width = 36
-    lines = [f"  {'':<16}" + "".join(f"{n:>{width}}" for n in names),
-             f"  {'tier (n)':<16}" + f"{'mean / p99 / max  miss':>{width}}" * len(names)]
-    for tier, row in tiers.items():
-        if not row["n"]:
-            continue
-        cells = []
-        for name in names:
-            t = reports[name]["tiers"][tier]  # type: ignore[index]
-            cells.append(f"{_seconds(t['mean'])} / {_seconds(t['p99'])} / "
-                         f"{_seconds(t['max'])} {t['timeouts']:>5}")
-        label = f"{tier} ({row['n']})"
-        lines.append(f"  {label:<16}" + "".join(f"{c:>{width}}" for c in cells))
-    lines.append(f"  {'makespan':<16}" + "".join(
-        f"{float(reports[n]['makespan_s']):>{width - 2}.1f} s" for n in names))  # type: ignore[arg-type]
+    shown = [tier for tier, row in tiers.items() if row["n"]]
+    # A discipline's column holds two of its own, waits and misses, aligned within it: its
+    # tier rows are joined at those widths, so they line up however wide another column is.
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        found = reports[name]["tiers"]
+        assert isinstance(found, dict)
+        pairs = [("mean / p99 / max", "miss"), *(
+            (f"{_seconds(found[t]['mean'])} / {_seconds(found[t]['p99'])} / "
+             f"{_seconds(found[t]['max'])}", str(found[t]["timeouts"])) for t in shown)]
+        wide, narrow = max(len(w) for w, _ in pairs), max(len(m) for _, m in pairs)
+        groups[name] = [w.rjust(wide) + GAP + m.rjust(narrow) for w, m in pairs]
+    rows = [["", *names], ["tier (n)", *(groups[n][0] for n in names)]]
+    rows += [[f"{tier} ({tiers[tier]['n']})", *(groups[n][i] for n in names)]
+             for i, tier in enumerate(shown, start=1)]
+    rows.append(["makespan", *(f"{float(reports[n]['makespan_s']):.1f} s" for n in names)])  # type: ignore[arg-type]
     keys = first.get("keys")
     if isinstance(keys, dict) and len(keys) > 1:
-        lines.append(f"  {'key: share, p90':<16}")
+        rows.append(["key: share, p90"])
         for key in keys:
             cells = []
             for name in names:
-                found = reports[name].get("keys")
-                k = found.get(key) if isinstance(found, dict) else None
+                found_keys = reports[name].get("keys")
+                k = found_keys.get(key) if isinstance(found_keys, dict) else None
                 cells.append("-" if k is None else f"{k['share'] * 100:.0f}% {_seconds(k['p90'])}")
-            lines.append(f"  {key[:16]:<16}" + "".join(f"{c:>{width}}" for c in cells))
-    return "\n".join(lines)
+            rows.append([key, *cells])
+    return "\n".join(aligned(rows))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -43,10 +44,28 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
+class _Lines(logging.StreamHandler[IO[str]]):
+    """When the stream's reader goes away (``serve --access-log | head``), one warning and
+    the proxy serves on, its lines dropped, instead of a traceback on stderr for each call
+    from then on."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], BrokenPipeError):
+            super().handleError(record)
+            return
+        # Devnull under the stream's own descriptor, as the Python docs advise for stdout:
+        # what its buffer still holds is written there, at the next line and at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        logging.getLogger(__name__).warning(
+            "access log: its reader closed the pipe; the lines of later calls are dropped")
+
+
 class AccessLog:
     def __init__(self, format: str = "json", stream: IO[str] | None = None) -> None:
         self.format = format
-        handler = logging.StreamHandler(stream or sys.stdout)
+        handler = _Lines(stream or sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.handlers[:] = [handler]
         log.setLevel(logging.INFO)
