@@ -84,9 +84,16 @@ class Cohort:
         waited. The earliest virtual start goes first, but a level that stands higher
         because a key's own oldest call aged serves that call (arrival order within a key,
         as before the level aged)."""
-        head = self.head()
+        heap = self.heap  # head(), inlined: this runs for every cohort on every pass
+        while heap:
+            _, _, epoch, head = heap[0]
+            if head.epoch == epoch and head.state is QUEUED:
+                break
+            heapq.heappop(heap)
+        else:
+            return None, 0
         level = self.level
-        if not level or head is None:
+        if not level:
             return head, 0
         old = self.old
         while old:
