@@ -79,7 +79,7 @@ FULL: dict[str, Any] = {
     "scheduler": {
         "max_queue": 100, "level_bounds_s": [1, 5], "promote_after_s": [1, 2, 3],
         "tier_promote_after_s": 60, "headroom_spread": 1.5, "headroom_horizon_s": 20,
-        "headroom_budget": 0.02, "rescue_fraction": 0.3,
+        "headroom_budget": 0.02, "rescue_fraction": 0.3, "refuse_early": False,
     },
     "schedules": {"timezone": "Europe/Berlin", "windows": [
         {"name": "peak", "hours": "18-23", "days": [1, 2], "weights": {"low": 1},

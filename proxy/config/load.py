@@ -305,6 +305,7 @@ def _scheduler(node: Node, tiers: tuple[TierSpec, ...]) -> SchedulerSettings:
         ),
         headroom_budget=node.number("headroom_budget", defaults.headroom_budget, maximum=1.0),
         rescue_fraction=node.number("rescue_fraction", defaults.rescue_fraction, maximum=1.0),
+        refuse_early=node.boolean("refuse_early", defaults.refuse_early),
     )
     node.check_unknown()
     return settings

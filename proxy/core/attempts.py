@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from .engine import Engine, Usage
 from .errors import (
     Evicted,
+    KeyBacklog,
     ProxyError,
     QueueFull,
     QueueTimeout,
@@ -57,6 +58,8 @@ _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
     "queue_full": (QueueFull, "The proxy's queue is full; retry later."),
     "evicted": (Evicted, "A more urgent call took this call's place in the queue; retry later."),
     "queue_timeout": (QueueTimeout, "The call waited longer than its tier allows; retry later."),
+    "key_backlog": (KeyBacklog, "This key's calls queued ahead would keep the call waiting "
+                    "longer than its tier allows; retry later."),
     "upstream_unavailable": (UpstreamUnavailable, "Every provider for this model is unavailable."),
 }
 
@@ -192,13 +195,14 @@ class Attempts:
             return self._route(now)
         return self._give_up(now)
 
-    def refused(self, code: str, retry_after_s: float, now: float) -> Command:
-        """The scheduler refused the ticket (``Rejection.code``)."""
+    def refused(self, code: str, retry_after_s: float, now: float,
+                message: str | None = None) -> Command:
+        """The scheduler refused the ticket (``Rejection.code``, its ``message`` if any)."""
         if code == "upstream_unavailable" and self.last is not None:
             return self._give_up(now)
-        error_type, message = _REFUSALS[code]
+        error_type, default = _REFUSALS[code]
         self._settle_key(self.plan.tokens if self._sent else None, now)
-        return Fail(error_type(message, retry_after=retry_after_s))
+        return Fail(error_type(message or default, retry_after=retry_after_s))
 
     def finished(self, result: Result, now: float) -> Command:
         """The ``Send`` is over: its slot comes back and the fleet learns the verdict."""

@@ -16,6 +16,7 @@ status, the OpenAI error ``type`` and ``code`` it is rendered with; exactly one 
     ├── RequestTooLarge       413 request_too_large
     ├── BodyTimeout           408 request_timeout (the body did not arrive in time)
     ├── RateLimited           429 rate_limit_exceeded
+    │   └── KeyBacklog            key_backlog (the key's own calls ahead outlast the wait)
     ├── BudgetExceeded        429 budget_exceeded (the key's budget_usd is spent)
     ├── Overloaded            503 (retry-after set)
     │   ├── QueueFull             queue_full
@@ -156,6 +157,10 @@ class RateLimited(ProxyError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class KeyBacklog(RateLimited):
+    code = "key_backlog"
 
 
 class BudgetExceeded(ProxyError):

@@ -14,7 +14,9 @@ For each free slot of a provider, among the calls that may use it:
 2. *Urgency.* Otherwise the most urgent tier with a call waiting (tiers of weight 0, the
    background, after every other).
 3. *Within a tier*: a call at risk (less than ``rescue_fraction`` of its ``max_wait_s``
-   left) first, in deadline order; else the top level (short calls first), and within a
+   left) first, in deadline order, unless its key started more than one of the tier's
+   longest calls after the key that would go next (a burst past its share is not rescued
+   ahead of a key within it); else the top level (short calls first), and within a
    level the key with the earliest virtual start (``proxy.core.keys``), so keys share
    the tier by weight; a level stands one higher each time its oldest call has waited
    ``promote_after_s[level]`` or ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever
@@ -147,7 +149,11 @@ class Policy:
             if (free > headroom.held_against(pool.name, tier, now, reserves, running, limit)
                     or 1.0 - left / max_wait_s >= HOLD_PATIENCE):
                 if left < self.settings.rescue_fraction * max_wait_s:  # at risk
-                    head = self.head(pool, tier, now, earliest=True) or head
+                    # ... unless its key is past another's share by more than _behind allows
+                    rescue = self.head(pool, tier, now, earliest=True)
+                    if rescue is not None and (rescue[0].key == head[0].key or not self._behind(
+                            pool, tier, head[0], rescue[0], now)):
+                        head = rescue
                 ticket = head[0]
                 counted = 1 if tier != urgent else 2
                 paced[counted] += self.claim(pool.name, ticket)  # and what it took: repace

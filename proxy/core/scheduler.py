@@ -28,9 +28,11 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+from .backlog import Backlog
 from .capacity import Capacity, Gate, Pool, all_down, first_open
 from .charges import Charges
 from .floors import Floors
+from .forecast import forecast, gap_s
 from .generations import TierMaps
 from .headroom import Headroom
 from .keys import KeyStats, KeyTags
@@ -92,7 +94,9 @@ class Scheduler:
              for t in settings.tiers],
             [promote if promote is not None and promote < t.max_wait_s else math.inf
              for t in settings.tiers],
-            self._capacity.gates_by_pool, stats.queued,
+            self._capacity.gates_by_pool,
+            Backlog(count, settings.levels),
+            stats.queued,
         )
         weights = [t.weight for t in settings.tiers]
         self._floors = Floors(weights)
@@ -166,12 +170,42 @@ class Scheduler:
             return
         if not self._queues.queued and self._start_at_once(ticket, gates, now):
             return
+        whole = first and self._foresee(ticket, gates, pools, now)
+        if ticket.state is REJECTED:
+            return
         self._catch_up(now)  # calls due to move up a tier join it before this one
         self._queues.add(ticket)
+        if whole:
+            slots = sum(p.max_concurrency for p in pools)
+            self._queues.backlog.arrived(ticket, now, gap_s(ticket, slots))
         for pool in pools:
             self._fill(pool, now)
         if ticket.state is QUEUED:
             self._enforce_bounds(ticket, now)
+
+    def _foresee(self, ticket: Ticket, gates: tuple[Gate, ...], pools: tuple[Pool, ...],
+                 now: float) -> bool:
+        """A new call's forecast; refused at once if its certain wait passes its deadline.
+        True: it has its tier's whole wait and stays in its tier, so it blocks the later
+        arrivals of its key (``proxy.core.forecast``)."""
+        tier = ticket.current_tier
+        spec = self._tiers[tier]
+        whole = (ticket.deadline - ticket.arrived >= spec.max_wait_s - 1e-6
+                 and not (ticket.ceiling < tier and self._queues.promotes(tier)))
+        found = forecast(ticket, self._queues.backlog, gates, pools, self._floors.shares,
+                         now, whole)
+        ticket.position, ticket.predicted_s = found.position, found.expected_s
+        left = ticket.deadline - now
+        if self._settings.refuse_early and found.certain_s > left:
+            # When the calls that block it have started: a call sent again then waits little.
+            retry_after = found.certain_s
+            whom = "this key's" if found.own_key else "the"
+            self._reject(ticket, "key_backlog" if found.own_key else "queue_timeout", now,
+                         queued=False, retry_after=retry_after, message=(
+                             f"{whom} calls queued ahead keep this call waiting at least "
+                             f"{found.certain_s:.0f} s, past its tier's max_wait_s "
+                             f"({spec.max_wait_s:g} s); refused at once"))
+        return whole
 
     def _start_at_once(self, ticket: Ticket, gates: tuple[Gate, ...], now: float) -> bool:
         """Nothing waits: the first open gate with a free slot that no hold keeps takes it."""
@@ -377,15 +411,17 @@ class Scheduler:
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _reject(self, ticket: Ticket, code: str, now: float, queued: bool = True) -> None:
+    def _reject(self, ticket: Ticket, code: str, now: float, queued: bool = True,
+                retry_after: float | None = None, message: str | None = None) -> None:
         if queued:
             self._leave(ticket, REJECTED, now)
         else:
             ticket.state = REJECTED
             self._charges.unclaim(ticket)
-        ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
-        self._out.rejections.append(Rejection(
-            ticket, code, self._capacity.retry_after(ticket.candidates, ahead_s, now)))
+        if retry_after is None:
+            ahead_s = sum(self._queues.queued_s[: ticket.current_tier + 1])
+            retry_after = self._capacity.retry_after(ticket.candidates, ahead_s, now)
+        self._out.rejections.append(Rejection(ticket, code, retry_after, message))
 
     def _leave(self, ticket: Ticket, state: TicketState, now: float) -> None:
         self._queues.discard(ticket, state)

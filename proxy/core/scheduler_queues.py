@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
+from .backlog import Backlog
 from .capacity import Gate
 from .scheduler_types import QUEUED, Ticket, TicketState
 
@@ -111,7 +112,8 @@ GateResolver = Callable[[tuple[str, ...]], dict[str, tuple[Gate, ...]]]
 class TicketQueues:
     def __init__(self, tiers: int, levels: int, promote_after_s: Sequence[Sequence[float]],
                  tier_promote_after_s: Sequence[float], resolve: GateResolver,
-                 on_count: Callable[[int, str, int], None] | None = None) -> None:
+                 backlog: Backlog, on_count: Callable[[int, str, int], None] | None = None,
+                 ) -> None:
         """``promote_after_s[tier][level]``: how long a level of a tier waits before it
         stands one level up (counted from its oldest call's arrival, level after level)."""
         self._tiers = tiers
@@ -126,9 +128,11 @@ class TicketQueues:
         self.on_emptied: Callable[[str, int], None] | None = None
         self._tier_promote_after = tuple(tier_promote_after_s)
         self._resolve = resolve
+        self.backlog = backlog
         self._cohorts: dict[tuple[int, int, tuple[str, ...]], Cohort] = {}
         self._cohorts_for: dict[str, list[list[list[Cohort]]]] = {}
         self._rows_of: dict[tuple[str, ...], tuple[Row, ...]] = {}
+        self._names_of: dict[tuple[str, ...], tuple[str, ...]] = {}  # the rows' pools
         self._promotions: list[Entry] = []
         self._deadlines: list[Entry] = []
         self._newest: list[list[tuple[int, int, Ticket]]] = [[] for _ in range(tiers)]
@@ -200,6 +204,10 @@ class TicketQueues:
             ticket.promoted = True
             ticket.tag = virtual[ticket.current_tier - 1]
             self._move(ticket, ticket.current_tier - 1)
+
+    def promotes(self, tier: int) -> bool:
+        """Whether a call of ``tier`` may move up a tier before its deadline."""
+        return self._tier_promote_after[tier] < math.inf
 
     def next_tier_promotion(self) -> float:
         return self._peek(self._promotions, promotion=True)
@@ -316,6 +324,7 @@ class TicketQueues:
         for _, counts, pool_s in rows:
             counts[tier] += delta
             pool_s[tier] += seconds
+        self.backlog.count(ticket, self._names_of[ticket.candidates], delta)
 
     def _emptied(self, ticket: Ticket, tier: int) -> None:
         """``ticket`` has just left ``tier``: tell ``on_emptied`` of the pools it left with
@@ -332,6 +341,7 @@ class TicketQueues:
             rows.append((pool, self._pool_count.setdefault(pool, [0] * self._tiers),
                          self._pool_s.setdefault(pool, [0.0] * self._tiers)))
         found = self._rows_of[candidates] = tuple(rows)
+        self._names_of[candidates] = tuple(row[0] for row in rows)
         return found
 
     def _cohort(self, tier: int, level: int, candidates: tuple[str, ...]) -> Cohort:

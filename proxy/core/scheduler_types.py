@@ -54,6 +54,8 @@ class SchedulerSettings:
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
       left is *at risk*: it goes before the other calls of its tier, whatever their level
       or key, in deadline order (never before another tier's floor).
+    - ``refuse_early``: a call whose certain wait (``proxy.core.forecast``) passes its
+      deadline is refused when it arrives instead of at its deadline.
     """
 
     tiers: tuple[TierSpec, ...]
@@ -65,6 +67,7 @@ class SchedulerSettings:
     headroom_horizon_s: float = 30.0
     headroom_budget: float = 0.015
     rescue_fraction: float = 0.25
+    refuse_early: bool = True
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -172,6 +175,10 @@ class Ticket:
     paced_in: list[float] | None = field(init=False, default=None)
     paced_as: int = field(init=False, default=0)
     waited_s: float = field(init=False, default=0.0)  # queued time over every pass
+    # Foreseen when it first queued (proxy.core.forecast): calls ahead, the expected wait.
+    position: int = field(init=False, default=0)
+    predicted_s: float = field(init=False, default=0.0)
+    chain: int = field(init=False, default=0)  # the arrivals it blocks (Backlog), if any
     generation: int = field(init=False, default=0)  # the configuration its tiers index
 
     def arrive(self, now: float, order: int, level_bounds_s: Sequence[float],
@@ -221,8 +228,9 @@ class Dispatch:
 @value
 class Rejection:
     ticket: Ticket
-    code: str  # queue_full | evicted | queue_timeout | upstream_unavailable
+    code: str  # queue_full | evicted | queue_timeout | key_backlog | upstream_unavailable
     retry_after_s: float
+    message: str | None = None  # why: set for a call refused at once by its forecast
 
 
 @dataclass(slots=True)

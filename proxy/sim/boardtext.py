@@ -9,7 +9,8 @@ from .scoreboard import Row
 
 def table(rows: Sequence[Row]) -> str:
     """One line a scenario: each bound's verdict, then the figures behind them."""
-    names = ("urgent", "floors", "fits", "deadlines", "makespan", "idle", "keys", "within")
+    names = ("urgent", "floors", "fits", "deadlines", "makespan", "idle", "keys", "within",
+             "early")
     lines = [f"{'scenario':<22}" + "".join(f"{n[:9]:>10}" for n in names)]
     for row in rows:
         verdicts: dict[str, str] = {}

@@ -48,6 +48,7 @@ class Outcome:
     service_s: float = 0.0
     cost_usd: float = 0.0
     done_at: float = math.nan
+    early: bool = False  # refused when it arrived: it could not start in time
 
 
 MAX_SAMPLES = 4096  # per series, whatever the simulated span
@@ -278,8 +279,9 @@ class _Replay:
             for rejection in decisions.rejections:
                 self._left(rejection.ticket)
                 attempts, row, outcome = self._payload(rejection.ticket)
+                outcome.early = rejection.message is not None
                 self._do(attempts, attempts.refused(rejection.code, rejection.retry_after_s,
-                                                    now), row, outcome, now)
+                                                    now, rejection.message), row, outcome, now)
             for dispatch in decisions.dispatches:
                 self._left(dispatch.ticket)
                 self.waiting.started(dispatch.pool, dispatch.ticket.current_tier)

@@ -269,6 +269,19 @@ def bursts(seed: int = 0) -> Scenario:
                     table(8), tuple(sorted(calls, key=lambda c: c.t)))
 
 
+def beyond_the_wait(seed: int = 0) -> Scenario:
+    """4 slots, 1 s calls: a key of tier high (30 s) sends 600 at once, spread over 0.2 s,
+    four times what its wait lets start; another key of the tier sends one a second (the
+    same calls for every seed)."""
+    del seed
+    keys = [{"name": "heavy", "tier": "high"}, {"name": "light", "tier": "high"}]
+    calls = [call(i * 0.2 / 600, 1.0, "high", "heavy") for i in range(600)]
+    calls += [call(0.5 + i, 1.0, "high", "light") for i in range(40)]
+    return Scenario("beyond-the-wait", "4 slots: a key's burst four times what its 30 s wait "
+                    "lets start, beside another key's steady calls", table(4, keys=keys),
+                    tuple(sorted(calls, key=lambda c: c.t)), light_key="light")
+
+
 def heavy_tail(seed: int = 0) -> Scenario:
     """8 slots at 1.2x for 300 s, sizes Pareto (alpha 1.3, 0.3 s up to 120 s), 10/20/40/30 %."""
     rng = draws(11, seed)
@@ -356,6 +369,7 @@ BUILDERS: dict[str, Callable[[int], Scenario]] = {
     "code-10-b": lambda seed: code(10, "b", seed=seed),
     "code-28-a": lambda seed: code(28, "a", seed=seed),
     "bursts": bursts,
+    "beyond-the-wait": beyond_the_wait,
     "heavy-tail": heavy_tail,
     "lying-estimates": lying_estimates,
     "throttled": throttled,

@@ -33,10 +33,14 @@ The bounds (each applies where its condition holds; ``-`` in the table where non
   slots): without preemption it waits for a slot to free, not for the burst; keys of
   weight 3 and 1, both backlogged, served 2-4x as many calls; ``within``: at least half of
   a tier's calls served within the stated time.
+- ``early``: of the calls refused at once (their certain wait passing their deadline,
+  ``proxy.core.forecast``), at most 1 % start in time when the same calls are replayed
+  with none refused at once, or under FCFS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -215,7 +219,26 @@ def checks(scenario: Scenario, sims: dict[str, Simulation],
                      f"waited, {100 * idle / served if served else 0:.2f} % of the "
                      f"{served:.0f} served"))
     out += key_checks(scenario, proxy)
+    refused = early_check(scenario, proxy, fcfs)
+    if refused is not None:
+        out.append(refused)
     return out
+
+
+def early_check(scenario: Scenario, proxy: Simulation, fcfs: Simulation) -> Check | None:
+    """The ``early`` bound, where calls were refused at once: the same calls replayed
+    without refusing any at once, and under FCFS, start at most 1 % of them in time."""
+    early = [i for i, o in enumerate(proxy.outcomes) if o.early]
+    if not early:
+        return None
+    config = scenario.config
+    late = simulate(dataclasses.replace(config, scheduler=dataclasses.replace(
+        config.scheduler, refuse_early=False)), scenario.calls)
+    wrong = [i for i in early
+             if late.outcomes[i].code is None or fcfs.outcomes[i].code is None]
+    return Check("early", len(wrong) <= 0.01 * len(early),
+                 f"{len(early)} refused at once; {len(wrong)} of them started in time when "
+                 "none is refused at once or under FCFS")
 
 
 def _shares(config: Config) -> dict[str, float]:

@@ -197,7 +197,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 if trace is not None:
                     trace.dispatched(getattr(decision, "code", "granted"))
                 if isinstance(decision, Rejection):
-                    command = attempts.refused(decision.code, decision.retry_after_s, now)
+                    command = attempts.refused(decision.code, decision.retry_after_s, now,
+                                               decision.message)
                 else:
                     tier_name = _tier(service, exchange)[1]
                     exchange.request[RECORD].tier = tier_name

@@ -1,0 +1,75 @@
+"""A new call's wait, foreseen when it arrives, from what waits ahead of it
+(``proxy.core.backlog``).
+
+- *expected*: the work queued ahead of it for its likely provider — the more urgent tiers',
+  and in its own tier what goes first: its own key's calls at its level or above while
+  other keys wait (their backlogs queue behind it by fairness), else the tier's — served
+  by the provider's slots less the floors of the less urgent tiers waiting, and no slower
+  than its own tier's floor serves its tier's part; at least any pause in force, and half
+  a call when no slot is free. An estimate: its error is in the metrics.
+- *certain*: a wait it cannot escape. Its own key's calls of its tier that arrived one
+  after another just before it (``Backlog``'s chain: each within ``GAP_SHARE`` of a slot's
+  turnover of the next) and wait at its level or above are ahead of it, with deadlines just
+  before its own: they block it until each has started or is gone, and all of them starting
+  takes their work but the last slotful on every slot its candidates have at most. At least
+  until a candidate reopens. A call whose certain wait passes its deadline is refused at
+  once (``Scheduler``) instead of at its deadline; it could still have started only if a
+  slot had freed in the short gap its chain leaves it (the scoreboard counts how often).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .backlog import Backlog
+from .capacity import Gate, Pool, first_open
+from .scheduler_types import Ticket
+from .value import value
+
+# A chain's gap, as a share of the time a slot takes to turn over (a call's estimate over
+# the slots): a call arriving that much after the one before it has a deadline that much
+# after, and could start in that gap only if a slot freed there.
+GAP_SHARE = 0.1
+
+
+def gap_s(ticket: Ticket, slots: int) -> float:
+    """How soon after the latest call of its chain ``ticket`` must arrive to extend it."""
+    return GAP_SHARE * ticket.est_service_s / (slots if slots > 0 else 1)
+
+
+@value
+class Forecast:
+    position: int  # calls ahead of it
+    expected_s: float
+    certain_s: float
+    own_key: bool  # other keys wait in its tier: what is certain is its key's own backlog
+
+
+def forecast(ticket: Ticket, backlog: Backlog, gates: tuple[Gate, ...], pools: Sequence[Pool],
+             shares: Sequence[float], now: float, certain: bool) -> Forecast:
+    """``ticket``'s forecast before it joins the queue; ``certain``: work out the certain
+    wait too (its deadline is its tier's whole wait, and it cannot move up a tier)."""
+    tier = ticket.current_tier
+    reopen = min(max(g.paused_until, g.down_until, g.pool.paused_until) for g in gates)
+    paused = reopen - now if reopen > now else 0.0
+    pool = first_open(gates, now).pool
+    urgent_n, urgent_s, tier_n, tier_s = backlog.ahead(pool.name, tier, ticket.level)
+    waiting = backlog.keys_waiting[tier]
+    others = len(waiting) - (ticket.key in waiting) > 0
+    own_n, own_s = backlog.of_group(ticket) if others else (tier_n, tier_s)
+    limit = pool.limit if pool.limit > 0 else 1
+    share = shares[tier]
+    left = 1.0 - sum(shares[t] for t in backlog.below(pool.name, tier))
+    expected = (urgent_s + own_s) / (limit * (left if left > share else share or 1.0))
+    if urgent_s and share and own_s / (share * limit) < expected:
+        expected = own_s / (share * limit)
+    if not urgent_s + own_s and pool.free(now) <= 0:
+        expected = ticket.est_service_s / (2 * limit)
+    certain_s = paused
+    if certain:
+        slots = sum(p.max_concurrency for p in pools)
+        chained = backlog.chained(ticket, now, gap_s(ticket, slots))
+        ahead = chained / (slots if slots > 0 else 1) - ticket.est_service_s
+        certain_s = ahead if ahead > paused else paused
+    return Forecast(urgent_n + own_n, expected if expected > paused else paused, certain_s,
+                    others)
