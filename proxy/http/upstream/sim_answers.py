@@ -109,8 +109,9 @@ class ResponseAnswer(Answer):
         self._sequence = 0
 
     def usage(self) -> dict[str, Any]:
+        # OpenAI's spec requires cache_write_tokens beside cached_tokens (since 2026-07-15).
         return {"input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": self.n_out,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.prompt_tokens + self.n_out}
