@@ -79,7 +79,8 @@ def response_doc(response_id: str, now: int, status: str, request: Mapping[str, 
                  error: dict[str, str] | None = None) -> dict[str, Any]:
     """A background response (or chat completion) as ``GET`` by its id shows it: the
     upstream's answer under this id once there is one, else a shell with the status and
-    every field OpenAI's Response object requires, as the request set them."""
+    every field OpenAI's Response object requires, as the request set them (no usage yet:
+    the spec has it optional, and not null)."""
     model = request.get("model")
     if answer is not None:
         return {**answer, "id": response_id, "background": True, "status": status}
@@ -89,7 +90,7 @@ def response_doc(response_id: str, now: int, status: str, request: Mapping[str, 
                 "error": error}
     return {"id": response_id, "object": "response", "created_at": now, "status": status,
             "background": True, "model": model, "output": [], "error": error,
-            "incomplete_details": None, "usage": None,
+            "incomplete_details": None,
             **{name: request.get(name, default) for name, default in _RESPONSE_ECHOED}}
 
 
