@@ -91,10 +91,12 @@ def response_doc(response_id: str, now: int, status: str, request: Mapping[str, 
     return {"id": response_id, "object": "response", "created_at": now, "status": status,
             "background": True, "model": model, "output": [], "error": error,
             "incomplete_details": None,
-            **{name: request.get(name, default) for name, default in _RESPONSE_ECHOED}}
+            **{name: default if request.get(name) is None else request[name]
+               for name, default in _RESPONSE_ECHOED}}
 
 
-# What a Response echoes of its request, and OpenAI's defaults for what it left out.
+# What a Response echoes of its request, and OpenAI's defaults for what it left out or sent
+# as null (OpenAI's spec allows a request's parallel_tool_calls to be null, not a Response's).
 _RESPONSE_ECHOED: tuple[tuple[str, Any], ...] = (
     ("instructions", None), ("tools", []), ("tool_choice", "auto"),
     ("parallel_tool_calls", True), ("metadata", {}), ("temperature", None), ("top_p", None),
