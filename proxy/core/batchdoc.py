@@ -27,10 +27,10 @@ def window_s(text: str) -> int:
 
 
 def file_doc(row: dict[str, Any]) -> dict[str, Any]:
+    # No expires_at or status_details: OpenAI's spec has them optional, and not null.
     return {"id": row["id"], "object": "file", "bytes": row["bytes"],
             "created_at": row["created_at"], "filename": row["filename"],
-            "purpose": row["purpose"], "status": "processed", "expires_at": None,
-            "status_details": None}
+            "purpose": row["purpose"], "status": "processed"}
 
 
 def batch_doc(batch_id: str, endpoint: str, input_file_id: str, window: str, now: int,
