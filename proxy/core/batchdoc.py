@@ -47,6 +47,12 @@ def batch_doc(batch_id: str, endpoint: str, input_file_id: str, window: str, now
     }
 
 
+def batch_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """A stored batch as the API shows it: the fields still unset (null in the store) left
+    out, since OpenAI's spec has them optional and not null; only metadata may be null."""
+    return {name: value for name, value in doc.items() if value is not None or name == "metadata"}
+
+
 def request_counts(total: int, by_status: dict[str, int]) -> dict[str, int]:
     """Lines answered 2xx are completed; refused, failed, expired or cancelled ones failed."""
     return {"total": total, "completed": by_status.get("done", 0),
