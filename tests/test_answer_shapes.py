@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.core.batchdoc import response_doc
 from proxy.core.tokens import TokenCounter
 from proxy.http.server.app import build_app
 
@@ -71,6 +72,12 @@ async def test_a_queued_background_response_has_every_required_field(
     assert set(fetched) >= RESPONSE_REQUIRED
     retrieved = await sdk(client).responses.retrieve(doc["id"])  # the SDK reads it
     assert retrieved.id == doc["id"] and retrieved.instructions == "be brief"
+
+
+def test_a_queued_response_echoes_a_null_as_openais_default() -> None:
+    # The spec allows a request's parallel_tool_calls to be null, not a Response's.
+    doc = response_doc("resp_1", 0, "queued", {"model": "m", "parallel_tool_calls": None})
+    assert doc["parallel_tool_calls"] is True
 
 
 async def test_file_lists_page_as_the_spec_says(client: Client) -> None:

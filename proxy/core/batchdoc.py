@@ -27,10 +27,10 @@ def window_s(text: str) -> int:
 
 
 def file_doc(row: dict[str, Any]) -> dict[str, Any]:
+    # No expires_at or status_details: OpenAI's spec has them optional, and not null.
     return {"id": row["id"], "object": "file", "bytes": row["bytes"],
             "created_at": row["created_at"], "filename": row["filename"],
-            "purpose": row["purpose"], "status": "processed", "expires_at": None,
-            "status_details": None}
+            "purpose": row["purpose"], "status": "processed"}
 
 
 def batch_doc(batch_id: str, endpoint: str, input_file_id: str, window: str, now: int,
@@ -45,6 +45,12 @@ def batch_doc(batch_id: str, endpoint: str, input_file_id: str, window: str, now
         "request_counts": {"total": total, "completed": 0, "failed": 0},
         "metadata": metadata,
     }
+
+
+def batch_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """A stored batch as the API shows it: the fields still unset (null in the store) left
+    out, since OpenAI's spec has them optional and not null; only metadata may be null."""
+    return {name: value for name, value in doc.items() if value is not None or name == "metadata"}
 
 
 def request_counts(total: int, by_status: dict[str, int]) -> dict[str, int]:
@@ -79,7 +85,8 @@ def response_doc(response_id: str, now: int, status: str, request: Mapping[str, 
                  error: dict[str, str] | None = None) -> dict[str, Any]:
     """A background response (or chat completion) as ``GET`` by its id shows it: the
     upstream's answer under this id once there is one, else a shell with the status and
-    every field OpenAI's Response object requires, as the request set them."""
+    every field OpenAI's Response object requires, as the request set them (no usage yet:
+    the spec has it optional, and not null)."""
     model = request.get("model")
     if answer is not None:
         return {**answer, "id": response_id, "background": True, "status": status}
@@ -89,11 +96,13 @@ def response_doc(response_id: str, now: int, status: str, request: Mapping[str, 
                 "error": error}
     return {"id": response_id, "object": "response", "created_at": now, "status": status,
             "background": True, "model": model, "output": [], "error": error,
-            "incomplete_details": None, "usage": None,
-            **{name: request.get(name, default) for name, default in _RESPONSE_ECHOED}}
+            "incomplete_details": None,
+            **{name: default if request.get(name) is None else request[name]
+               for name, default in _RESPONSE_ECHOED}}
 
 
-# What a Response echoes of its request, and OpenAI's defaults for what it left out.
+# What a Response echoes of its request, and OpenAI's defaults for what it left out or sent
+# as null (OpenAI's spec allows a request's parallel_tool_calls to be null, not a Response's).
 _RESPONSE_ECHOED: tuple[tuple[str, Any], ...] = (
     ("instructions", None), ("tools", []), ("tool_choice", "auto"),
     ("parallel_tool_calls", True), ("metadata", {}), ("temperature", None), ("top_p", None),

@@ -109,22 +109,24 @@ class ResponseAnswer(Answer):
         self._sequence = 0
 
     def usage(self) -> dict[str, Any]:
+        # OpenAI's spec requires cache_write_tokens beside cached_tokens (since 2026-07-15).
         return {"input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": self.n_out,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.prompt_tokens + self.n_out}
 
     def _response(self, status: str, text: str | None) -> dict[str, Any]:
-        done = text is not None
-        return {
+        response = {
             "id": self.id, "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "error": None, "incomplete_details": None,
             "instructions": None, "metadata": {}, "parallel_tool_calls": True,
             "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0,
-            "output": [self._item(text)] if done else [],
-            "usage": self.usage() if done else None,
+            "output": [] if text is None else [self._item(text)],
         }
+        if text is not None:  # until then none: OpenAI's spec has usage optional, not null
+            response["usage"] = self.usage()
+        return response
 
     def _item(self, text: str | None) -> dict[str, Any]:
         content = [] if text is None else [

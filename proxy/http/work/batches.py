@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 from ...core.batchdoc import (
     CHAT_PREFIX,
     batch_doc,
+    batch_view,
     error_line,
     file_doc,
     request_counts,
@@ -221,11 +222,11 @@ async def create_batch(request: web.Request) -> web.Response:
 
 
 async def _counted(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """The batch with its request counts as they are now."""
+    """The batch as the API shows it, with its request counts as they are now."""
     if doc["status"] in ("in_progress", "cancelling"):
         counts = await work.store().counts(batch_id)
         doc["request_counts"] = request_counts(doc["request_counts"]["total"], counts)
-    return doc
+    return batch_view(doc)
 
 
 async def _batch(request: web.Request) -> tuple[Work, str, dict[str, Any]]:
@@ -246,7 +247,7 @@ async def list_batches(request: web.Request) -> web.Response:
     owner, work = _owner(request)
     limit = _limit(request.query.get("limit"), 20, MAX_LIST)
     docs = await work.store().batches(owner, request.query.get("after"), limit + 1)
-    data = [orjson.loads(doc) for doc in docs[:limit]]
+    data = [batch_view(orjson.loads(doc)) for doc in docs[:limit]]
     return _json({"object": "list", "data": data,
                   "first_id": data[0]["id"] if data else None,
                   "last_id": data[-1]["id"] if data else None,
