@@ -105,17 +105,25 @@ class Backlog:
             return 0.0
         return sum(chain.seconds[:ticket.level + 1])
 
-    def arrived(self, ticket: Ticket, now: float, gap_s: float) -> None:
-        """``ticket`` queued now, with its tier's whole wait: it extends its group's chain
-        (arriving within ``gap_s`` of its latest call) or starts one."""
+    def refused(self, ticket: Ticket, now: float) -> None:
+        """``ticket`` was refused at once, its chain ahead of it: the next call is as far
+        behind that chain as this one was."""
+        chain = self._chains.get((ticket.current_tier, ticket.key, ticket.candidates))
+        if chain is not None:
+            chain.last = now
+
+    def arrived(self, ticket: Ticket, now: float, gap_s: float, seconds: float) -> None:
+        """``ticket`` queued now, with its tier's whole wait, counted for ``seconds``: it
+        extends its group's chain (arriving within ``gap_s`` of its latest call) or starts
+        one."""
         group = (ticket.current_tier, ticket.key, ticket.candidates)
         chain = self._chains.get(group)
         if chain is None or now - chain.last > gap_s:
             chain = self._chains[group] = _Chain(next(self._chain_ids), self._levels)
         chain.last = now
         chain.live += 1
-        chain.seconds[ticket.level] += ticket.est_service_s
-        ticket.chain = chain.id
+        chain.seconds[ticket.level] += seconds
+        ticket.chain, ticket.chain_s = chain.id, seconds
 
     def _unchain(self, ticket: Ticket) -> None:
         group = (ticket.current_tier, ticket.key, ticket.candidates)
@@ -125,7 +133,7 @@ class Backlog:
             return  # its chain was broken since: a later one took its place
         chain.live -= 1
         if chain.live:
-            chain.seconds[ticket.level] -= ticket.est_service_s
+            chain.seconds[ticket.level] -= ticket.chain_s
         else:
             del self._chains[group]
 

@@ -89,14 +89,15 @@ class KeyStats:
         if wait_s is not None:
             stats[3] += 0.1 * (wait_s - stats[3]) if stats[3] else wait_s
 
-    def snapshot(self, now: float) -> list[dict[str, dict[str, float]]]:
+    def snapshot(self, now: float) -> list[dict[str, dict[str, object]]]:
         """Per tier, its keys (the busiest ``SHOWN_KEYS``): ``queued``, ``share`` of the
-        tier's recent slot-seconds, ``served_s`` and ``mean_wait_s``."""
+        tier's recent slot-seconds, ``served_s`` and ``mean_wait_s`` (``Scheduler``
+        adds ``starts_in_s``)."""
         tiers: list[list[tuple[str, list[float], float]]] = [[] for _ in range(self._tiers)]
         for (tier, key), stats in list(self._stats.items()):
             if tier < self._tiers:
                 tiers[tier].append((key, stats, _decayed(stats, now)))
-        out = []
+        out: list[dict[str, dict[str, object]]] = []
         for keys in tiers:
             total = sum(served for _, _, served in keys) or 1.0
             busiest = sorted(keys, key=lambda k: (-k[2], -k[1][2]))[:SHOWN_KEYS]

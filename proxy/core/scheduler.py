@@ -32,7 +32,7 @@ from .backlog import Backlog
 from .capacity import Capacity, Gate, Pool, all_down, first_open
 from .charges import Charges
 from .floors import Floors
-from .forecast import forecast, gap_s
+from .forecast import chain_s, forecast, gap_s, starts
 from .generations import TierMaps
 from .headroom import Headroom
 from .keys import KeyStats, KeyTags
@@ -170,42 +170,47 @@ class Scheduler:
             return
         if not self._queues.queued and self._start_at_once(ticket, gates, now):
             return
-        whole = first and self._foresee(ticket, gates, pools, now)
+        typical = self._foresee(ticket, gates, pools, now) if first else None
         if ticket.state is REJECTED:
             return
         self._catch_up(now)  # calls due to move up a tier join it before this one
         self._queues.add(ticket)
-        if whole:
+        if typical is not None:
+            seconds = chain_s(ticket, typical)
             slots = sum(p.max_concurrency for p in pools)
-            self._queues.backlog.arrived(ticket, now, gap_s(ticket, slots))
+            self._queues.backlog.arrived(ticket, now, gap_s(seconds, slots), seconds)
         for pool in pools:
             self._fill(pool, now)
         if ticket.state is QUEUED:
             self._enforce_bounds(ticket, now)
 
     def _foresee(self, ticket: Ticket, gates: tuple[Gate, ...], pools: tuple[Pool, ...],
-                 now: float) -> bool:
+                 now: float) -> float | None:
         """A new call's forecast; refused at once if its certain wait passes its deadline.
-        True: it has its tier's whole wait and stays in its tier, so it blocks the later
-        arrivals of its key (``proxy.core.forecast``)."""
+        Not None: it has its tier's whole wait and stays in its tier, so it blocks the later
+        arrivals of its key, and this is its provider's mean service time
+        (``proxy.core.forecast``)."""
         tier = ticket.current_tier
         spec = self._tiers[tier]
-        whole = (ticket.deadline - ticket.arrived >= spec.max_wait_s - 1e-6
-                 and not (ticket.ceiling < tier and self._queues.promotes(tier)))
+        typical = None
+        if (ticket.deadline - ticket.arrived >= spec.max_wait_s - 1e-6
+                and not (ticket.ceiling < tier and self._queues.promotes(tier))):
+            typical = self._policy.mean_service(first_open(gates, now).pool.name)
         found = forecast(ticket, self._queues.backlog, gates, pools, self._floors.shares,
-                         now, whole)
+                         now, typical)
         ticket.position, ticket.predicted_s = found.position, found.expected_s
         left = ticket.deadline - now
         if self._settings.refuse_early and found.certain_s > left:
             # When the calls that block it have started: a call sent again then waits little.
             retry_after = found.certain_s
             whom = "this key's" if found.own_key else "the"
+            self._queues.backlog.refused(ticket, now)
             self._reject(ticket, "key_backlog" if found.own_key else "queue_timeout", now,
                          queued=False, retry_after=retry_after, message=(
                              f"{whom} calls queued ahead keep this call waiting at least "
                              f"{found.certain_s:.0f} s, past its tier's max_wait_s "
                              f"({spec.max_wait_s:g} s); refused at once"))
-        return whole
+        return typical
 
     def _start_at_once(self, ticket: Ticket, gates: tuple[Gate, ...], now: float) -> bool:
         """Nothing waits: the first open gate with a free slot that no hold keeps takes it."""
@@ -357,6 +362,10 @@ class Scheduler:
 
     def snapshot(self, now: float) -> dict[str, object]:
         keys = self._charges.stats.snapshot(now)
+        for (tier, key), (soonest, latest) in starts(self._queues, now).items():
+            shown = keys[tier].get(key or "(none)")
+            if shown is not None:
+                shown["starts_in_s"] = {"soonest": round(soonest, 3), "latest": round(latest, 3)}
         tiers = [{"name": spec.name, "weight": self._floors.weights[i],
                   **self._queues.snapshot(i, now), "keys": keys[i]}
                  for i, spec in enumerate(self._tiers)]

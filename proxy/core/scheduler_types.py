@@ -179,6 +179,7 @@ class Ticket:
     position: int = field(init=False, default=0)
     predicted_s: float = field(init=False, default=0.0)
     chain: int = field(init=False, default=0)  # the arrivals it blocks (Backlog), if any
+    chain_s: float = field(init=False, default=0.0)  # and what it counts for there
     generation: int = field(init=False, default=0)  # the configuration its tiers index
 
     def arrive(self, now: float, order: int, level_bounds_s: Sequence[float],

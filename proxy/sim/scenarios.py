@@ -271,12 +271,12 @@ def bursts(seed: int = 0) -> Scenario:
 
 def beyond_the_wait(seed: int = 0) -> Scenario:
     """4 slots, 1 s calls: a key of tier high (30 s) sends 600 at once, spread over 0.2 s,
-    four times what its wait lets start; another key of the tier sends one a second (the
-    same calls for every seed)."""
+    four times what its wait lets start; another key of the tier sends one a second from
+    2 s before (the same calls for every seed)."""
     del seed
     keys = [{"name": "heavy", "tier": "high"}, {"name": "light", "tier": "high"}]
-    calls = [call(i * 0.2 / 600, 1.0, "high", "heavy") for i in range(600)]
-    calls += [call(0.5 + i, 1.0, "high", "light") for i in range(40)]
+    calls = [call(2.0 + i * 0.2 / 600, 1.0, "high", "heavy") for i in range(600)]
+    calls += [call(0.5 + i, 1.0, "high", "light") for i in range(42)]
     return Scenario("beyond-the-wait", "4 slots: a key's burst four times what its 30 s wait "
                     "lets start, beside another key's steady calls", table(4, keys=keys),
                     tuple(sorted(calls, key=lambda c: c.t)), light_key="light")

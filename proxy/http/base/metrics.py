@@ -97,6 +97,15 @@ class Metrics:
             "proxy_queue_wait_seconds", "Time calls waited for an upstream slot.",
             ["tier"], buckets=WAIT_BUCKETS, registry=r,
         ))
+        self.predicted_wait = Family(ChildHistogram(
+            "proxy_queue_wait_predicted_seconds", "The wait foreseen for each call when it "
+            "arrived (x-proxy-queue-predicted-ms), beside proxy_queue_wait_seconds.",
+            ["tier"], buckets=WAIT_BUCKETS, registry=r,
+        ))
+        self.forecast_error = Family(ChildHistogram(
+            "proxy_queue_wait_forecast_error_seconds", "|foreseen - real| queue wait of each "
+            "call, by tier.", ["tier"], buckets=WAIT_BUCKETS, registry=r,
+        ))
         self.key_wait = Family(ChildHistogram(
             "proxy_key_queue_wait_seconds", "Time calls waited for an upstream slot, by key "
             "(its configured name; anonymous without keys).", ["key"], buckets=WAIT_BUCKETS,

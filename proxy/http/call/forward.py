@@ -204,6 +204,11 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     exchange.request[RECORD].tier = tier_name
                     waited = ticket.dispatched_at - ticket.queued_at
                     service.metrics.queue_wait.get(tier_name).observe(waited)
+                    if ticket.queued_at == ticket.arrived:  # its first pass: as foreseen
+                        service.metrics.predicted_wait.get(tier_name).observe(
+                            ticket.predicted_s)
+                        service.metrics.forecast_error.get(tier_name).observe(
+                            abs(ticket.predicted_s - waited))
                     service.metrics.key_wait.get(exchange.plan.caller).observe(waited)
                     # While it waited, an identical call may have filled the cache, or the
                     # key spent its budget: the slot then goes back unused.
@@ -316,8 +321,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         status = response.status
         if status in (429, 498) or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
-        headers = answer_headers(request, tier_name, exchange.attempts.queue_s,
-                                 deployment, response)
+        headers = answer_headers(request, tier_name, exchange.attempts, deployment, response)
         key = exchange.cache_key
         if key is not None:
             headers["x-proxy-cache"] = "miss"

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...core.attempts import Attempts
 from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ...core.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ...core.route import Deployment
@@ -214,13 +215,19 @@ def error_event(message: str, code: str) -> bytes:
 
 
 def answer_headers(
-    request: Incoming, tier_name: str, queue_s: float, deployment: Deployment,
+    request: Incoming, tier_name: str, attempts: Attempts, deployment: Deployment,
     response: UpstreamResponse,
 ) -> dict[str, str]:
+    """The answer's headers: the upstream's allowed ones and the proxy's own; the queue's
+    as foreseen when the call arrived (calls ahead, wait) beside its real wait."""
     headers = upstream_headers(response.headers)
     headers["x-request-id"] = request[REQUEST_ID]
     headers["x-proxy-tier"] = tier_name
-    headers["x-proxy-queue-ms"] = str(round(queue_s * 1000))
+    headers["x-proxy-queue-ms"] = str(round(attempts.queue_s * 1000))
+    ticket = attempts.ticket
+    if ticket is not None:
+        headers["x-proxy-queue-position"] = str(ticket.position)
+        headers["x-proxy-queue-predicted-ms"] = str(round(ticket.predicted_s * 1000))
     headers["x-proxy-upstream"] = deployment.id
     return headers
 
