@@ -11,6 +11,7 @@ import openai
 import pytest
 from aiohttp import ClientSession, TCPConnector
 from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
 
 from proxy.core.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
@@ -233,3 +234,50 @@ async def test_a_light_key_waits_about_one_call_beside_a_burst_of_calls_of_the_s
     await asyncio.gather(*burst)
     assert scheduler.depth(1) == 0
     assert light_waits[-2] < 0.75, light_waits  # p90 of six: one call is 0.25 s here
+
+
+async def test_a_call_that_cannot_start_in_time_hears_so_at_once(
+    aiohttp_server: Factory, counter: TokenCounter
+) -> None:
+    """One slot, 0.2 s calls, a tier of 1.5 s: after one call served (the provider's mean
+    is known), a burst of 40 at once. The calls that the calls queued just before them
+    keep past their deadline are answered 503 queue_timeout at once (not after 1.5 s),
+    saying so, with a retry-after; the others are served with the queue's forecast beside
+    their real wait, which /admin/status and /metrics show too."""
+    fake = FakeUpstream(hold_s=0.2)
+    server = await one_slot_proxy(
+        aiohttp_server, counter, fake,
+        tiers=[{"name": "fast", "max_wait_s": 1.5}], classify={"default_tier": "fast"},
+    )
+    url = server.make_url("/v1/chat/completions")
+    async with ClientSession() as session:
+        assert (await session.post(url, json=chat("warm"))).status == 200
+
+        async def one(i: int) -> tuple[int, float, dict[str, Any], CIMultiDict[str]]:
+            sent = asyncio.get_running_loop().time()
+            async with session.post(url, json=chat(f"c{i}")) as resp:
+                body = await resp.json()
+                return (resp.status, asyncio.get_running_loop().time() - sent, body,
+                        CIMultiDict(resp.headers))
+
+        tasks = [asyncio.create_task(one(i)) for i in range(40)]
+        await until(lambda: server.app[SERVICE].scheduler.depth(0) >= 3)
+        async with session.get(server.make_url("/admin/status")) as answer:
+            keys = (await answer.json())["scheduler"]["tiers"][0]["keys"]
+        answers = await asyncio.gather(*tasks)
+        async with session.get(server.make_url("/metrics")) as answer:
+            metrics = await answer.text()
+    early = [a for a in answers if a[0] == 503 and "refused at once" in a[2]["error"]["message"]]
+    assert early, [a[:2] for a in answers]
+    for _, took, body, headers in early:
+        assert body["error"]["code"] == "queue_timeout"
+        assert took < 0.75  # at once, not at its 1.5 s deadline
+        assert float(headers["retry-after"]) >= 1
+    served = [a for a in answers if a[0] == 200]
+    assert served and all(a[0] in (200, 503) for a in answers)
+    positions = [int(a[3]["x-proxy-queue-position"]) for a in served]
+    assert max(positions) >= 2
+    assert all(int(a[3]["x-proxy-queue-predicted-ms"]) >= 0 for a in served)
+    assert keys["anonymous"]["starts_in_s"]["latest"] > 0, keys
+    assert 'proxy_queue_wait_predicted_seconds_count{tier="fast"}' in metrics
+    assert 'proxy_queue_wait_forecast_error_seconds_count{tier="fast"}' in metrics

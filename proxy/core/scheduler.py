@@ -193,7 +193,7 @@ class Scheduler:
         tier = ticket.current_tier
         spec = self._tiers[tier]
         typical = None
-        if (ticket.deadline - ticket.arrived >= spec.max_wait_s - 1e-6
+        if (ticket.deadline - ticket.arrived >= 0.99 * spec.max_wait_s  # its plan came first
                 and not (ticket.ceiling < tier and self._queues.promotes(tier))):
             typical = self._policy.mean_service(first_open(gates, now).pool.name)
         found = forecast(ticket, self._queues.backlog, gates, pools, self._floors.shares,
