@@ -14,7 +14,7 @@ from proxy.config import Config, parse_config
 from proxy.core.tokens import TokenCounter
 from proxy.http.base.keys import LIFECYCLE
 from proxy.http.call import forward
-from proxy.http.server.front import FrontRunner
+from proxy.http.lane.front import FrontRunner
 from proxy.http.upstream import upstream as upstream_module
 
 from .markers import classify, fewer_examples, unit_stays_in_process  # noqa: F401 (autouse)

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.http.call.events import EventStream, event_stream
-from proxy.http.server.front import FrontProtocol
-from proxy.http.server.head import Head
-from proxy.http.server.lane_events import LaneEvents
-from proxy.http.server.lane_request import FastRequest
+from proxy.http.lane.events import LaneEvents
+from proxy.http.lane.front import FrontProtocol
+from proxy.http.lane.head import Head
+from proxy.http.lane.request import FastRequest
 
 from .fakes import Sink, aiohttp_request
 

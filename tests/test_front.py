@@ -1,4 +1,4 @@
-"""The fast lane (``proxy.http.server.front``): which heads it takes and which it hands to aiohttp
+"""The fast lane (``proxy.http.lane.front``): which heads it takes and which it hands to aiohttp
 (checked against aiohttp's own parser), and over real sockets: keep-alive, pipelining, bytes
 trickling in, the hand-over mid-connection, a client leaving, back-pressure, idle
 connections and shutdown."""
@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
 from proxy.http.call import forward
-from proxy.http.server import front, lane_request
+from proxy.http.lane import front
+from proxy.http.lane import request as lane_request
+from proxy.http.lane.front import FrontRunner, FrontServer
+from proxy.http.lane.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 from proxy.http.server.app import build_app
-from proxy.http.server.front import FrontRunner, FrontServer
-from proxy.http.server.head import MAX_HEAD, OTHER, Head, HeadReader, whole_answer
 
 from .conftest import config_from
 from .fakes import FakeUpstream, aiohttp_request

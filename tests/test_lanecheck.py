@@ -12,9 +12,9 @@ from aiohttp.web_protocol import RequestHandler
 from proxy.http.base.keys import LaneStatus
 from proxy.http.call import forward
 from proxy.http.call.middleware import errors_middleware
+from proxy.http.lane.check import lane_off_because, what_aiohttp_lacks
+from proxy.http.lane.front import FrontServer
 from proxy.http.server.app import build_app
-from proxy.http.server.front import FrontServer
-from proxy.http.server.lanecheck import lane_off_because, what_aiohttp_lacks
 
 
 def proxy_app() -> web.Application:

@@ -37,7 +37,7 @@ ALLOWED = {
 
 
 # proxy.http's rooms, the composition root first: a room imports only the rooms after it.
-ROOMS = ("server", "ops", "work", "call", "upstream", "base")
+ROOMS = ("server", "lane", "ops", "work", "call", "upstream", "base")
 
 
 def proxy_imports(path: Path) -> list[tuple[int, str]]:
@@ -96,6 +96,29 @@ def test_only_the_call_path_ops_and_the_root_reach_into_the_service() -> None:
         if any(module == "proxy.http.call.service" for _, module in proxy_imports(path))
         and path.parent.name not in ("call", "ops", "server"))
     assert reaching == []
+
+
+def test_only_the_server_imports_the_lane() -> None:
+    """The lane reads aiohttp's private parts: one room holds it, and only the composition
+    root above it knows it is there."""
+    reaching = sorted(
+        str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
+        if path.parent.name not in ("lane", "server")
+        and any(module.startswith("proxy.http.lane") for _, module in proxy_imports(path)))
+    assert reaching == []
+
+
+def test_no_room_reaches_another_by_an_attribute_name() -> None:
+    """What one room hands another goes by a typed key or an argument, not a ``getattr``
+    of a name the other room happens to define."""
+    found = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno}" for path in (PACKAGE / "http").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr" and len(node.args) == 3
+        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "request")
+    assert found == []
 
 
 def test_every_module_of_the_driver_is_in_a_room() -> None:

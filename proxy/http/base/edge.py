@@ -40,7 +40,7 @@ _T = TypeVar("_T")
 
 class Incoming(Protocol):
     """What a proxied call's handler uses of its request: aiohttp's ``web.Request``, or
-    the fast lane's (``proxy.http.server.front``)."""
+    the fast lane's (``proxy.http.lane.front``)."""
 
     @property
     def app(self) -> web.Application: ...

@@ -1,7 +1,7 @@
 """An SSE answer: aiohttp's own response, or, for a call the fast lane took, the lane's
-(``proxy.http.server.lane_events``), written straight to its connection. Whichever server took
-the call chooses: this module imports nothing of the lane, which runs only on an aiohttp
-that has what it reads (``proxy.http.server.lanecheck``).
+(``proxy.http.lane.events``), written straight to its connection. Whichever server took
+the call chooses, by ``ANSWER_EVENTS``: this module imports nothing of the lane, which runs
+only on an aiohttp that has what it reads (``proxy.http.lane.check``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ class EventStream(web.StreamResponse):
         await self.prepare(request)
 
 
+# The SSE answer a request is given, where its server has one of its own (the lane's).
+ANSWER_EVENTS = web.RequestKey[type[EventStream]]("answer_events")
+
+
 def event_stream(request: Incoming, headers: dict[str, str]) -> EventStream:
     """The answer for a stream to ``request``, by whichever server took it."""
-    kind: type[EventStream] = getattr(request, "answer_events", EventStream)
-    return kind(headers=headers)
+    kind = request.get(ANSWER_EVENTS)
+    return (EventStream if kind is None else kind)(headers=headers)

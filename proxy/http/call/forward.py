@@ -155,7 +155,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
 
 
 # The proxied routes (POST) and their handlers: partials, so a queued call holds no extra
-# coroutine frame. aiohttp's router and the fast lane (``proxy.http.server.front``) serve these.
+# coroutine frame. aiohttp's router and the fast lane (``proxy.http.lane.front``) serve these.
 _KINDS: dict[str, Kind] = {"/chat/completions": "chat", "/completions": "completions",
                           "/responses": "responses", "/embeddings": "embeddings"}
 ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {

@@ -81,7 +81,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamResponse]]
                   ) -> web.StreamResponse:
     """Around every call's handler, whichever server took the request (aiohttp's, or the
-    fast lane of ``proxy.http.server.front``)."""
+    fast lane of ``proxy.http.lane.front``)."""
     request_id = _request_id(request)
     request[REQUEST_ID] = request_id
     service = request.app[SERVICE]

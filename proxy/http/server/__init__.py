@@ -1,4 +1,4 @@
 """The composition root: the app wired from every room (``app``), serving it for real
-(``server``: uvloop, signals, drain), ``--workers`` (``workers``), and the fast lane
-(``front``, ``head``, ``lane_request``, ``lane_events``, checked by ``lanecheck``).
+(``server``: uvloop, signals, drain) through the fast lane where it can (``proxy.http.lane``),
+and ``--workers`` (``workers``).
 """

@@ -17,11 +17,11 @@ from ..base.edge import is_loopback
 from ..base.keys import LANE, LIFECYCLE
 from ..call import forward
 from ..call.service import SERVICE
+from ..lane.check import lane_off_because
+from ..lane.refusals import Runner
 from ..ops.reload import RELOADER
 from ..work.runner import WORK
 from .app import build_app
-from .lanecheck import lane_off_because
-from .refusals import Runner
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
     # A client that disconnects must cancel its handler, so a queued call leaves the queue
     # and a running one frees its slot; aiohttp's own default is not to. The access log is
     # the proxy's own (one line per call, however it ends), not aiohttp's. Proxied calls
-    # take the fast lane (``front``) where they can, if it is on and this aiohttp has what
+    # take the fast lane (``lane.front``) where they can, if it is on and this aiohttp has what
     # it reads.
     settings: dict[str, Any] = {"handler_cancellation": True, "access_log": None,
                                 "shutdown_timeout": config.drain_timeout_s + AIOHTTP_GRACE_S}
@@ -110,14 +110,14 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
 
 def lane_runner(app: web.Application, settings: dict[str, Any]) -> web.AppRunner | None:
     """The runner whose server has the fast lane; None, said once in the log, where this
-    aiohttp lacks what the lane reads (``lanecheck``)."""
+    aiohttp lacks what the lane reads (``lane.check``)."""
     off_because = lane_off_because(app)
     if off_because is not None:
         log.warning("fast lane off: %s; calls are served through aiohttp's own handling",
                     off_because)
         app[LANE].off_because = off_because
         return None
-    from .front import FrontRunner  # imported only where it can run
+    from ..lane.front import FrontRunner  # imported only where it can run
 
     return FrontRunner(app, forward.ROUTES, **settings)
 

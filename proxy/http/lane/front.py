@@ -2,7 +2,7 @@
 
 aiohttp's server spends CPU and memory on a request before its handler runs (its request,
 parser, payload stream and handler task; docs/benchmarks.md and docs/operations.md measure it).
-The lane reads the plain case itself (``proxy.http.server.head``) — an HTTP/1.1 ``POST`` to a
+The lane reads the plain case itself (``proxy.http.lane.head``) — an HTTP/1.1 ``POST`` to a
 proxied route, with a well formed head and a ``Content-Length`` body within the limit — and
 runs the same middleware and handler on it, as soon as the head is in (a wrong key is
 refused before its body is read, as aiohttp does). A plain answer is written in one go,
@@ -29,10 +29,10 @@ from aiohttp.web_protocol import RequestHandler
 from ..base.edge import Incoming
 from ..base.keys import LANE
 from ..call.middleware import guarded
+from .check import lane_off_because
 from .head import HeadReader, Other, whole_answer
-from .lane_request import FastRequest
-from .lanecheck import lane_off_because
 from .refusals import Runner
+from .request import FastRequest
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class FrontProtocol(BaseProtocol):
             if whole is None:
                 if not keep_alive:
                     response.force_close()
-                if not response.prepared:  # a stream has begun itself (``lane_events``)
+                if not response.prepared:  # a stream has begun itself (``events``)
                     await response.prepare(request.for_aiohttp())
                 await response.write_eof()
             else:

@@ -1,4 +1,4 @@
-"""Bytes in and out of the fast lane (``proxy.http.server.front``): which request heads it takes,
+"""Bytes in and out of the fast lane (``proxy.http.lane.front``): which request heads it takes,
 read as aiohttp would read them, and plain answers written as aiohttp would write them.
 
 The lane is stricter than aiohttp, never looser: whatever it is not sure of is ``OTHER``,

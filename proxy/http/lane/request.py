@@ -16,8 +16,9 @@ from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
 from ..base import edge
+from ..call.events import ANSWER_EVENTS
+from .events import LaneEvents
 from .head import Head
-from .lane_events import LaneEvents
 
 if TYPE_CHECKING:
     from .front import FrontProtocol
@@ -39,7 +40,6 @@ class FastRequest:
         "path",
     )
     method = "POST"
-    answer_events = LaneEvents  # the SSE answer it is given (``events.event_stream``)
 
     def __init__(self, app: web.Application, head: Head, protocol: FrontProtocol) -> None:
         self.app = app
@@ -49,7 +49,8 @@ class FastRequest:
         self._body: bytes | None = None  # until it has all come in
         self._waiter: asyncio.Future[None] | None = None
         self._protocol = protocol
-        self._state: dict[web.RequestKey[Any], Any] = {}
+        # It is given the lane's SSE answer (``call.events.event_stream``).
+        self._state: dict[web.RequestKey[Any], Any] = {ANSWER_EVENTS: LaneEvents}
 
     @property
     def transport(self) -> asyncio.Transport | None:

@@ -1,4 +1,4 @@
-"""The fast lane's SSE answer, for a call the lane took (``proxy.http.server.front``).
+"""The fast lane's SSE answer, for a call the lane took (``proxy.http.lane.front``).
 
 It writes the bytes aiohttp's response and writer would write — the same headers in the
 same order, made by aiohttp's own serializer, chunked the same way — with none of their
@@ -19,7 +19,7 @@ from ..call.events import EventStream
 from .head import writer_defaults
 
 if TYPE_CHECKING:
-    from .lane_request import FastRequest
+    from .request import FastRequest
 
 _END = b"0\r\n\r\n"
 

@@ -1,6 +1,6 @@
 """Whether the fast lane can run on the aiohttp installed, checked before it is imported.
 
-The lane (``front``, ``head``, ``lane_request``, ``lane_events``) reads parts of aiohttp
+The lane (``front``, ``head``, ``request``, ``events``) reads parts of aiohttp
 that carry no promise: private names, a constructor's parameters, the fields of a parsed
 head. Each one it reads is listed here, and the lane is used only when every one is there;
 else the proxy serves through aiohttp's own handling and says why (``/admin/status``,
