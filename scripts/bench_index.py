@@ -61,8 +61,8 @@ def build(lib: str, n: int, dtype: str) -> tuple[Any, Any, Any, Any]:
                 lambda ids, vs: f.add_with_ids(vs, ids.astype(np.int64)),
                 lambda v: int(f.search(v.reshape(1, -1), 1)[1][0][0]),
                 lambda ef: setattr(hnsw.hnsw, "efSearch", ef))
-    if lib == "store":  # the proxy's own: proxy.core.vectors over usearch f16, one scope
-        from proxy.core.vectors import VectorStore
+    if lib == "store":  # the proxy's own: proxy.state.vectors over usearch f16, one scope
+        from proxy.state.vectors import VectorStore
         store: Any = VectorStore(max_entries=n, ttl_s=3600)
 
         def add_all(ids: np.ndarray, vs: np.ndarray) -> None:

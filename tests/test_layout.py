@@ -98,6 +98,18 @@ def test_only_the_call_path_ops_and_the_root_reach_into_the_service() -> None:
     assert reaching == []
 
 
+# What the optional extras install (pyproject.toml: semantic, otel): never imported by the
+# pure core, which every command and the simulator load.
+OPTIONAL = ("numpy", "usearch", "opentelemetry")
+
+
+def test_the_core_imports_nothing_optional() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in sorted((PACKAGE / "core").rglob("*.py"))
+             for line, module in proxy_imports(path) if module.split(".")[0] in OPTIONAL]
+    assert wrong == []
+
+
 def test_only_the_server_imports_the_lane() -> None:
     """The lane reads aiohttp's private parts: one room holds it, and only the composition
     root above it knows it is there."""

@@ -16,12 +16,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import ConfigError
-from proxy.core import vectors
 from proxy.core.semantic import Question, band, may_answer_from_past, question
 from proxy.core.tokens import TokenCounter
-from proxy.core.vectors import VectorStore
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
+from proxy.state import vectors
+from proxy.state.vectors import VectorStore
 
 from .conftest import config_from
 from .fakes import FakeUpstream

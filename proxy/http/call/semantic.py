@@ -36,9 +36,9 @@ from .cache import Entry, cache_key
 from .kept import kept_answer
 
 if TYPE_CHECKING:
-    from ...core.vectors import VectorStore
     from ...state.base import State
     from ...state.semantic import Shared, SharedSemantic
+    from ...state.vectors import VectorStore
 
 EMBEDDING_TIMEOUT_S = 10.0  # at most this long for the vector,
 LOOKUP_SHARE = 0.25  # and at most this share of the time left before the call's deadline
@@ -75,7 +75,7 @@ class SemanticCache:
             if found is not None and found[0] == settings:
                 stores[name] = found
                 continue
-            from ...core.vectors import VectorStore  # the semantic extra, only when used
+            from ...state.vectors import VectorStore  # the semantic extra, only when used
             stores[name] = (settings, VectorStore(settings.max_entries, settings.ttl_s))
         self._stores = stores
         self._share_models()
