@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
+from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 
 PROVIDERS = {"openai": 16, "azure": 8, "sim": 4}
 CANDIDATE_SETS = [("openai",), ("azure",), ("openai", "azure"), ("azure", "openai", "sim"),

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
 from proxy.config import Config, parse_config
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.base.keys import LIFECYCLE
 from proxy.http.call import forward
 from proxy.http.lane.front import FrontRunner

@@ -12,7 +12,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
+from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 
 SHIPPED_TIERS = (
     TierSpec("critical", 8, 10), TierSpec("high", 4, 30),

@@ -8,7 +8,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from proxy.core.scheduler import (
+from proxy.core.scheduling.scheduler import (
     Decisions,
     Scheduler,
     SchedulerSettings,

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.base.access import AccessLog, CallRecord
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, make_mocked_request
 
 from proxy.config import ConfigError, parse_config
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.errors import AdminLoopbackOnly, InvalidAdminKey
-from proxy.core.tokens import TokenCounter
 from proxy.http.base.edge import is_loopback
 from proxy.http.call.service import SERVICE
 from proxy.http.ops.admin import check_admin

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.core.clock import FakeClock, SystemClock
 from proxy.core.errors import ShuttingDown
-from proxy.core.scheduler import (
+from proxy.core.scheduling.scheduler import (
     Dispatch,
     Rejection,
     Scheduler,

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import parse_config
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Config
-from proxy.core.attempts import (
+from proxy.core.call.attempts import (
     Attempts,
     Command,
     Done,
@@ -19,7 +19,8 @@ from proxy.core.attempts import (
     Send,
     Wait,
 )
-from proxy.core.classify import Principal, RequestFacts
+from proxy.core.call.classify import Principal, RequestFacts
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.engine import Engine
 from proxy.core.errors import (
     QueueTimeout,
@@ -27,10 +28,9 @@ from proxy.core.errors import (
     UpstreamConnectError,
     UpstreamUnavailable,
 )
-from proxy.core.fleet import Verdict
-from proxy.core.request import BodyLimits, parse_call
-from proxy.core.scheduler import Dispatch, TicketState
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.request import BodyLimits, parse_call
+from proxy.core.health.fleet import Verdict
+from proxy.core.scheduling.scheduler import Dispatch, TicketState
 
 from .conftest import config_from
 

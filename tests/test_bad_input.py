@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.base import edge
-from proxy.http.server import refusals
+from proxy.http.lane import refusals
 from proxy.http.server.app import build_app
 
 from .conftest import config_from

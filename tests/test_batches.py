@@ -22,9 +22,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.config.state import StateSettings
-from proxy.core.batchfile import read_lines
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.clock import Clock
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.batchfile import read_lines
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 from proxy.http.work.runner import WORK

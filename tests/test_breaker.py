@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.breaker import Breaker, BreakerSettings, BreakerState
+from proxy.core.health.breaker import Breaker, BreakerSettings, BreakerState
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

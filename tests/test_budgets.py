@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError
-from proxy.core.budgets import (
+from proxy.core.call.budgets import (
     GO,
     HELD,
     SPENT,
@@ -36,10 +36,10 @@ from proxy.core.budgets import (
     decide_share,
     period_of,
 )
-from proxy.core.classify import Principal, RequestFacts
+from proxy.core.call.classify import Principal, RequestFacts
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.clock import FakeClock, SystemClock
-from proxy.core.request import BodyLimits, Kind, parse_call
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.request import BodyLimits, Kind, parse_call
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 

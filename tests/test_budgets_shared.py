@@ -24,7 +24,7 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from proxy.config.state import StateSettings
-from proxy.core.budgets import GO, HELD, SPENT, Budget, Refusal, Reservation, decide, period_of
+from proxy.core.call.budgets import GO, HELD, SPENT, Budget, Refusal, Reservation, decide, period_of
 from proxy.core.errors import StateUnavailable
 from proxy.state.budgets import RESERVE, SharedBudgets
 from proxy.state.shared import RedisState

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import ConfigError
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.clock import FakeClock
-from proxy.core.request import BodyLimits, parse_call
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.request import BodyLimits, parse_call
 from proxy.http.call.cache import (
     Entry,
     ResponseCache,

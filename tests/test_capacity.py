@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proxy.core.capacity import GROW_EVERY_S, Gate, Pool
+from proxy.core.scheduling.capacity import GROW_EVERY_S, Gate, Pool
 
 # Adaptive limit: (now, event, calls still in flight, expected limit). max 16.
 ADAPTIVE_STEPS = {

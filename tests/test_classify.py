@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.classify import (
+from proxy.core.call.classify import (
     Classification,
     ClassifySettings,
     Principal,

@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.quantile import percentile
-from proxy.core.tokens import TokenCounter
 from proxy.http.base.access import CallRecord
 from proxy.http.base.keys import LIFECYCLE
 from proxy.http.base.live import REJECTIONS, SAMPLES, LiveStats

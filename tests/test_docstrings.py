@@ -1,5 +1,5 @@
 """Every module the docstrings and comments under proxy/ name exists: a dotted
-``proxy.core.retry`` (and what follows it, ``proxy.core.errors.UpstreamTimeout``) imports and
+``proxy.core.call.retry`` (and what follows it, ``proxy.core.errors.UpstreamTimeout``) imports and
 resolves, and a ``proxy/…/x.py`` path (or ``tests/``, ``scripts/``, ``docs/``) is a file, so
 a module that moves cannot leave its old name behind in the prose."""
 
@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "proxy").rglob("*.py"))
 
-# ``proxy.core.retry``, not a host name such as ``proxy.corp:3128`` nor the end of a sentence.
+# ``proxy.core.call.retry``, not a host name such as ``proxy.corp:3128`` nor the end of a sentence.
 DOTTED = re.compile(r"(?<![\w./-])proxy(?:\.[A-Za-z_]\w*)+(?!\w|\.\w|:\d)")
 PATH = re.compile(r"(?<![\w./-])(?:proxy|tests|scripts|docs)/[\w./-]*\w\.(?:py|js|md)\b")
 
@@ -69,10 +69,10 @@ def test_every_module_a_docstring_or_comment_names_exists(path: Path) -> None:
 def test_the_check_sees_the_references_and_the_stale_ones() -> None:
     seen = sum(len(references(path)) for path in SOURCES)
     assert seen > 40  # the scan reads the prose at all
-    assert resolves("proxy.core.retry.RetryBudget") and resolves("proxy.state")
-    assert not resolves("proxy.retry") and not resolves("proxy.core.retry.Missing")
+    assert resolves("proxy.core.call.retry.RetryBudget") and resolves("proxy.state")
+    assert not resolves("proxy.retry") and not resolves("proxy.core.call.retry.Missing")
     text = ('"""Old homes: ``proxy.middleware`` and proxy/scheduler.py; not proxy.corp:3128,\n'
-            'nor the proxy. Also ``proxy.core.floors``."""\n# see proxy.errors\n')
+            'nor the proxy. Also ``proxy.core.scheduling.floors``."""\n# see proxy.errors\n')
     assert sorted(name for _, t in prose(text) for p in (DOTTED, PATH)
                   for name in (m.group(0) for m in p.finditer(t))) == [
-        "proxy.core.floors", "proxy.errors", "proxy.middleware", "proxy/scheduler.py"]
+        "proxy.core.scheduling.floors", "proxy.errors", "proxy.middleware", "proxy/scheduler.py"]

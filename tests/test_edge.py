@@ -1,4 +1,4 @@
-"""The request parser at the edge (``proxy.core.request``): hostile and absurd bodies get a
+"""The request parser at the edge (``proxy.core.formats.request``): hostile and absurd bodies get a
 400 in bounded time, never a 500; fuzzed with hypothesis, and its byte-level depth check
 compared with a plain recursive count."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.errors import InvalidRequest
-from proxy.core.request import BodyLimits, Call, Kind, parse_call
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.request import BodyLimits, Call, Kind, parse_call
 
 LIMITS = BodyLimits()
 KINDS: list[Kind] = ["chat", "completions", "responses", "embeddings"]

@@ -21,7 +21,7 @@ import trustme
 from aiohttp.test_utils import TestServer
 
 from proxy.config import parse_config
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.server.app import build_app
 
 from .connect_proxy import connect_proxy

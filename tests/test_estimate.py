@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.estimate import Ewma, LatencyModel, OutputEstimator, relative_error
+from proxy.core.call.estimate import Ewma, LatencyModel, OutputEstimator, relative_error
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from proxy.core.breaker import BreakerSettings
-from proxy.core.classify import Principal
-from proxy.core.fleet import Fleet, Start, Verdict
-from proxy.core.provider import Provider
-from proxy.core.retry import RetryBudget
-from proxy.core.route import Deployment
-from proxy.core.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
+from proxy.core.call.classify import Principal
+from proxy.core.call.retry import RetryBudget
+from proxy.core.call.route import Deployment
+from proxy.core.health.breaker import BreakerSettings
+from proxy.core.health.fleet import Fleet, Start, Verdict
+from proxy.core.health.provider import Provider
+from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 
 DEPLOYMENT = Deployment("p", "m")
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from proxy.core.floors import Floors
-from proxy.core.scheduler import Ticket, TicketState, TierSpec
+from proxy.core.scheduling.floors import Floors
+from proxy.core.scheduling.scheduler import Ticket, TicketState, TierSpec
 from tests.scheduler_kit import Kit, ticket
 
 

@@ -1,4 +1,4 @@
-"""Forecasts of a new call's wait (``proxy.core.forecast``) and the calls refused at once
+"""Forecasts of a new call's wait (``proxy.core.scheduling.forecast``) and the calls refused at once
 because of them: scenario tables on a fake clock, and replays on the virtual clock with
 and without refusing at once."""
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from proxy.config import Config, parse_config
-from proxy.core.scheduler import Rejection, Ticket, TierSpec
+from proxy.core.scheduling.scheduler import Rejection, Ticket, TierSpec
 from proxy.sim.run import simulate
 from proxy.sim.scenarios import call, table
 from tests.scheduler_kit import Kit, ticket

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call import forward
 from proxy.http.lane import front
 from proxy.http.lane import request as lane_request

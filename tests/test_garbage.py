@@ -21,7 +21,7 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.base.keys import LIFECYCLE
 
 from .conftest import config_from

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config.trace import SHIPPED_TRACE, read_trace
-from proxy.core.scheduler import SchedulerSettings
+from proxy.core.scheduling.scheduler import SchedulerSettings
 from tests.replay import SHIPPED_TIERS, Job, fcfs, pct, random_tiers, replay, trace_jobs
 
 SETTINGS = SchedulerSettings(tiers=SHIPPED_TIERS)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.headroom import BUDGET_HORIZON_S, Headroom
-from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
+from proxy.core.scheduling.headroom import BUDGET_HORIZON_S, Headroom
+from proxy.core.scheduling.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, Kit, ticket
 
 UNLIMITED = {"headroom_budget": 1.0}

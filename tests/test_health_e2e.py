@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 

@@ -1,12 +1,12 @@
-"""Fairness among keys inside a tier (``proxy.core.keys``), on a fake clock."""
+"""Fairness among keys inside a tier (``proxy.core.scheduling.shares``), on a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.core.keys import KeyTags
 from proxy.core.quantile import percentile
-from proxy.core.scheduler import TierSpec
+from proxy.core.scheduling.scheduler import TierSpec
+from proxy.core.scheduling.shares import KeyTags
 from proxy.sim.run import simulate
 from proxy.sim.scenarios import noisy_neighbour
 from tests.scheduler_kit import Kit, ticket

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from proxy.config import ConfigError, parse_config
-from proxy.core.classify import upstream_service_tier
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.classify import upstream_service_tier
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.server.app import build_app
 
 from .conftest import config_from

@@ -140,9 +140,34 @@ def test_every_module_of_the_driver_is_in_a_room() -> None:
 
 
 def test_the_static_check_resolves_relative_imports(tmp_path: Path) -> None:
-    path = PACKAGE / "core" / "scheduler.py"
+    path = PACKAGE / "core" / "scheduling" / "scheduler.py"
     modules = {module for _, module in proxy_imports(path)}
-    assert "proxy.core.headroom" in modules
+    assert "proxy.core.scheduling.headroom" in modules
+
+
+# The pure core's packages by concern, and the few plain modules every one of them uses.
+CORE_PACKAGES = ("scheduling", "call", "health", "formats", "caching")
+CORE_PLAIN = ("clock", "engine", "errors", "lru", "quantile", "value")
+
+
+def test_the_core_is_packages_by_concern() -> None:
+    packages = {p.name for p in (PACKAGE / "core").iterdir()
+                if p.is_dir() and p.name != "__pycache__"}
+    plain = {p.stem for p in (PACKAGE / "core").glob("*.py") if p.name != "__init__.py"}
+    assert packages == set(CORE_PACKAGES) and plain == set(CORE_PLAIN)
+    for package in CORE_PACKAGES:
+        assert (PACKAGE / "core" / package / "__init__.py").read_text().startswith('"""')
+
+
+def test_scheduling_needs_nothing_of_a_calls_life() -> None:
+    """Scheduling is the bottom of the core: a call's life, health and formats use it, not
+    the other way round (what the scheduler is told comes in as tickets and numbers)."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in sorted((PACKAGE / "core" / "scheduling").rglob("*.py"))
+             for line, module in proxy_imports(path)
+             if module.startswith("proxy.core.") and module.split(".")[2] in (
+                 "call", "health", "formats", "caching", "engine")]
+    assert wrong == []
 
 
 # A fresh interpreter: the test process itself has long since imported asyncio.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.core import leases
-from proxy.core.attempts import Fail, Queue, Send
+from proxy.core.call import leases
+from proxy.core.call.attempts import Fail, Queue, Send
 from proxy.core.engine import Engine
 from proxy.core.errors import QueueTimeout
-from proxy.core.fleet import Verdict
-from proxy.core.scheduler_types import Ticket
+from proxy.core.health.fleet import Verdict
+from proxy.core.scheduling.tickets import Ticket
 
 from .conftest import config_from
 from .test_attempts import Call, engine_for, sim

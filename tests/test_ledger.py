@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.ledger import WINDOW_S, Ledger, Owed
+from proxy.core.health.ledger import WINDOW_S, Ledger, Owed
 
 
 def test_what_was_taken_is_owed_less_as_the_bucket_refills_and_not_after_a_minute() -> None:

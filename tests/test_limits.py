@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.limits import (
+from proxy.core.health.limits import (
     RateLimits,
     RollingCounts,
     TokenBucket,

@@ -12,7 +12,7 @@ import threading
 import aiohttp
 import pytest
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.store import AsyncStore, StoreClosed
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.server.app import build_app
 
 from .conftest import config_from

@@ -9,7 +9,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
+from proxy.core.scheduling.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 
 from .scheduler_kit import FOUR, Kit, ticket
 

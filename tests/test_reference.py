@@ -55,14 +55,14 @@ from proxy.config import batch as batch_config
 from proxy.config import load as load_config
 from proxy.config import state as state_config
 from proxy.config.reader import Node
-from proxy.core.breaker import BreakerSettings
-from proxy.core.classify import Principal
-from proxy.core.estimate import EstimateSettings
-from proxy.core.provider import Provider, SimSettings, Timeouts
-from proxy.core.retry import RetrySettings
-from proxy.core.route import CacheSettings, Degradation, Deployment, SemanticSettings
-from proxy.core.scheduler import SchedulerSettings, TierSpec
-from proxy.core.schedules import Schedule
+from proxy.core.call.classify import Principal
+from proxy.core.call.estimate import EstimateSettings
+from proxy.core.call.retry import RetrySettings
+from proxy.core.call.route import CacheSettings, Degradation, Deployment, SemanticSettings
+from proxy.core.health.breaker import BreakerSettings
+from proxy.core.health.provider import Provider, SimSettings, Timeouts
+from proxy.core.scheduling.scheduler import SchedulerSettings, TierSpec
+from proxy.core.scheduling.schedules import Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "proxy" / "config"

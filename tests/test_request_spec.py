@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.errors import InvalidRequest
-from proxy.core.request import BodyLimits, Kind, parse_call
-from proxy.core.tokens import TokenCounter
+from proxy.core.formats.request import BodyLimits, Kind, parse_call
 
 COUNTER = TokenCounter(None)
 

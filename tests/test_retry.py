@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.retry import RetryBudget, backoff_s, parse_retry_after
+from proxy.core.call.retry import RetryBudget, backoff_s, parse_retry_after
 
 
 def test_retry_budget_allows_its_ratio() -> None:

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.breaker import Breaker, BreakerSettings, BreakerState
-from proxy.core.route import (
+from proxy.core.call.route import (
     STRATEGIES,
     Decision,
     Degradation,
@@ -21,6 +20,7 @@ from proxy.core.route import (
     degrade,
     rank,
 )
+from proxy.core.health.breaker import Breaker, BreakerSettings, BreakerState
 
 PREMIUM = Deployment("premium", "big", input_cost=5.0, output_cost=15.0, quality=0.95)
 MID = Deployment("mid", "medium", input_cost=1.0, output_cost=2.0, quality=0.80)

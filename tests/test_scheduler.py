@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from proxy.core.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
+from proxy.core.scheduling.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, Kit, ticket
 
 PATIENT = tuple(TierSpec(t.name, t.weight, max_wait_s=1000) for t in FOUR)

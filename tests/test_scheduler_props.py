@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from proxy.core.scheduler import (
+from proxy.core.scheduling.scheduler import (
     HOLD_PATIENCE,
     Scheduler,
     SchedulerSettings,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.schedules import Schedule, active, next_change
+from proxy.core.scheduling.schedules import Schedule, active, next_change
 
 BERLIN = ZoneInfo("Europe/Berlin")
 UTC_ZONE = ZoneInfo("UTC")

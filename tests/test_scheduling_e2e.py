@@ -13,7 +13,7 @@ from aiohttp import ClientSession, TCPConnector
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 

@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import ConfigError
-from proxy.core.semantic import Question, band, may_answer_from_past, question
-from proxy.core.tokens import TokenCounter
+from proxy.core.caching.semantic import Question, band, may_answer_from_past, question
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 from proxy.state import vectors

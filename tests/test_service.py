@@ -6,9 +6,9 @@ import asyncio
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.clock import FakeClock
-from proxy.core.provider import SimSettings
-from proxy.core.tokens import TokenCounter
+from proxy.core.health.provider import SimSettings
 from proxy.http.call.service import Service
 from proxy.http.upstream.simulated import SimulatedUpstream
 

@@ -16,9 +16,9 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from proxy.config import ConfigError
-from proxy.core.attempts import tier_declined
-from proxy.core.route import Deployment, ModelRoute, rank
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.attempts import tier_declined
+from proxy.core.call.route import Deployment, ModelRoute, rank
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.server.app import build_app
 
 from .conftest import config_from

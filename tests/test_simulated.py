@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.provider import SimSettings, Timeouts
+from proxy.core.health.provider import SimSettings, Timeouts
 from proxy.http.upstream.simulated import SimulatedUpstream
 from proxy.http.upstream.upstream import UpstreamRequest
 

@@ -12,7 +12,7 @@ import tiktoken.registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.tokens import (
+from proxy.core.call.tokens import (
     EXACT_LIMIT_CHARS,
     OFFLINE_ENCODING,
     TOKENS_PER_IMAGE,
@@ -77,7 +77,7 @@ def test_fallback_with_one_warning(
         raise FileNotFoundError(blobpath)
 
     monkeypatch.setattr(tiktoken.load, "read_file", missing)
-    with caplog.at_level(logging.WARNING, logger="proxy.core.tokens"):
+    with caplog.at_level(logging.WARNING, logger="proxy.core.call.tokens"):
         fallback = TokenCounter.load()
         counts = [fallback.count("hello world " * 100) for _ in range(3)]
         messages = fallback.count_messages([{"role": "user", "content": "hi there"}])
@@ -90,7 +90,7 @@ def test_fallback_with_one_warning(
 
 
 def test_unknown_encoding_falls_back(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="proxy.core.tokens"):
+    with caplog.at_level(logging.WARNING, logger="proxy.core.call.tokens"):
         assert not TokenCounter.load("no_such_encoding").exact
     assert len(caplog.records) == 1
 

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.core.tokens import TokenCounter
+from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.call.tracing import Tracing
 from proxy.http.server.app import build_app

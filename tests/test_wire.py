@@ -17,7 +17,7 @@ import pytest
 import trustme
 
 from proxy.core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamTimeout
-from proxy.core.provider import Timeouts
+from proxy.core.health.provider import Timeouts
 from proxy.http.upstream import upstream as upstream_module
 from proxy.http.upstream.upstream import HttpUpstream, UpstreamRequest
 from proxy.http.upstream.wire import HIGH_WATER

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.core.call.tokens import TokenCounter
 from proxy.core.errors import UpstreamConnectError
-from proxy.core.tokens import TokenCounter
 from proxy.http.server.app import build_app
 from proxy.http.upstream import wire
 from proxy.http.upstream.upstream import HttpUpstream

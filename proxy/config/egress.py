@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 
-from ..core.provider import EgressProxy
+from ..core.health.provider import EgressProxy
 from .reader import fail
 
 

@@ -15,20 +15,20 @@ from typing import Any
 
 import yaml
 
-from ..core.classify import ClassifySettings
-from ..core.estimate import (
+from ..core.call.classify import ClassifySettings
+from ..core.call.estimate import (
     DEFAULT_OUTPUT_PRIOR,
     DEFAULT_PREFILL_SECONDS_PER_TOKEN,
     DEFAULT_SECONDS_PER_TOKEN_PRIOR,
     DEFAULT_TTFT_PRIOR_S,
     EstimateSettings,
 )
-from ..core.provider import Provider
-from ..core.request import BodyLimits
-from ..core.retry import RetrySettings
-from ..core.route import ModelRoute
-from ..core.scheduler import SchedulerSettings, TierSpec
-from ..core.schedules import Schedule
+from ..core.call.retry import RetrySettings
+from ..core.call.route import ModelRoute
+from ..core.formats.request import BodyLimits
+from ..core.health.provider import Provider
+from ..core.scheduling.scheduler import SchedulerSettings, TierSpec
+from ..core.scheduling.schedules import Schedule
 from .batch import BatchSettings, StorageSettings, parse_batch, parse_storage
 from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers

@@ -9,9 +9,9 @@ import zoneinfo
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..core.budgets import PERIODS, Budget
-from ..core.classify import ClassifySettings, Principal, Rule
-from ..core.schedules import Schedule
+from ..core.call.budgets import PERIODS, Budget
+from ..core.call.classify import ClassifySettings, Principal, Rule
+from ..core.scheduling.schedules import Schedule
 from .reader import UNSET, Node, fail, shown
 
 

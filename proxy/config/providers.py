@@ -7,9 +7,7 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 
-from ..core.breaker import BreakerSettings
-from ..core.provider import Provider, SimSettings, Timeouts
-from ..core.route import (
+from ..core.call.route import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     STRATEGIES,
     CacheSettings,
@@ -18,6 +16,8 @@ from ..core.route import (
     ModelRoute,
     SemanticSettings,
 )
+from ..core.health.breaker import BreakerSettings
+from ..core.health.provider import Provider, SimSettings, Timeouts
 from .egress import egress_for, environment_proxies
 from .policy import tier_index
 from .reader import UNSET, Node, fail, interpolate, shown

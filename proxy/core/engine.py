@@ -10,16 +10,16 @@ from collections.abc import Iterable, Mapping
 
 from cachetools import LRUCache
 
-from .classify import ClassifySettings, Principal, RequestFacts, clamp_tier, classify
+from .call.classify import ClassifySettings, Principal, RequestFacts, clamp_tier, classify
+from .call.estimate import EstimateSettings, LatencyModel, OutputEstimator
+from .call.plan import Plan
+from .call.retry import RetrySettings
+from .call.route import Deployment, DeploymentStats, ModelRoute
 from .errors import ModelNotFound
-from .estimate import EstimateSettings, LatencyModel, OutputEstimator
-from .fleet import Fleet, TransitionHook
-from .plan import Plan
-from .provider import Provider
-from .request import Call
-from .retry import RetrySettings
-from .route import Deployment, DeploymentStats, ModelRoute
-from .scheduler import Scheduler, SchedulerSettings
+from .formats.request import Call
+from .health.fleet import Fleet, TransitionHook
+from .health.provider import Provider
+from .scheduling.scheduler import Scheduler, SchedulerSettings
 from .value import value
 
 # Usage an upstream reports is believed only within these bounds: a prompt at most this

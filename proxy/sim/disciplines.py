@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 
 from ..config import Config
 from ..config.trace import TraceCall
-from ..core.route import Deployment
+from ..core.call.route import Deployment
 from .run import Outcome, Simulation, Waiting, makespan, service_s
 
 DISCIPLINES = ("fcfs", "priority", "wfq", "static")

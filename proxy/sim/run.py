@@ -22,15 +22,25 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..config.trace import TraceCall
-from ..core.attempts import Attempts, Command, Done, Fail, PassThrough, Queue, Result, Send, Wait
-from ..core.classify import ANONYMOUS, RequestFacts
+from ..core.call.attempts import (
+    Attempts,
+    Command,
+    Done,
+    Fail,
+    PassThrough,
+    Queue,
+    Result,
+    Send,
+    Wait,
+)
+from ..core.call.classify import ANONYMOUS, RequestFacts
+from ..core.call.route import Deployment
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
-from ..core.fleet import Verdict
-from ..core.provider import SimSettings
-from ..core.request import Call
-from ..core.route import Deployment
-from ..core.scheduler import Ticket, TicketState
+from ..core.formats.request import Call
+from ..core.health.fleet import Verdict
+from ..core.health.provider import SimSettings
+from ..core.scheduling.scheduler import Ticket, TicketState
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
 

@@ -34,7 +34,7 @@ The bounds (each applies where its condition holds; ``-`` in the table where non
   weight 3 and 1, both backlogged, served 2-4x as many calls; ``within``: at least half of
   a tier's calls served within the stated time.
 - ``early``: of the calls refused at once (their certain wait passing their deadline,
-  ``proxy.core.forecast``), at most 1 % start in time when the same calls are replayed
+  ``proxy.core.scheduling.forecast``), at most 1 % start in time when the same calls are replayed
   with none refused at once, or under FCFS.
 """
 

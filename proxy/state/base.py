@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from ..config.state import StateSettings
-from ..core.budgets import Budget, Budgets, Refusal, Reservation
+from ..core.call.budgets import Budget, Budgets, Refusal, Reservation
 from ..core.value import value
 
 
@@ -63,7 +63,7 @@ class Answers(Protocol):
 
 
 class BudgetBook(Protocol):
-    """The keys' spend budgets as the driver uses them (``proxy.core.budgets``): checked
+    """The keys' spend budgets as the driver uses them (``proxy.core.call.budgets``): checked
     on arrival, reserved at dispatch, settled when an attempt ends."""
 
     @property

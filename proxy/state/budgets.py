@@ -1,5 +1,5 @@
 """Spend budgets held for the whole fleet (``state.backend: redis``): the rule of
-``proxy.core.budgets`` run in Redis, one Lua script per change, so three replicas with a
+``proxy.core.call.budgets`` run in Redis, one Lua script per change, so three replicas with a
 key's $10 a day spend $10 between them, not $30.
 
 Keys, under the prefix ``p`` (``proxy.state.scripts`` has the others):
@@ -37,7 +37,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.budgets import (
+from ..core.call.budgets import (
     GO,
     Budget,
     Budgets,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from ..core.errors import StateUnavailable
-from ..core.ledger import Ledger
-from ..core.limits import RateLimits
+from ..core.health.ledger import Ledger
+from ..core.health.limits import RateLimits
 from . import scripts
 from .link import REDIS_ERRORS, Link
 

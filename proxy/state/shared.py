@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 
 from ..config.state import StateSettings
-from ..core.budgets import Budget, Budgets
+from ..core.call.budgets import Budget, Budgets
 from ..core.errors import StateUnavailable
 from . import scripts
 from .answers import SharedAnswers

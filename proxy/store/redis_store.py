@@ -22,7 +22,7 @@ import orjson
 import redis
 
 from ..config.state import StateSettings
-from ..core.batchdoc import FINISHED, request_counts
+from ..core.formats.batchdoc import FINISHED, request_counts
 from .redis_scripts import CANCEL, END, FINISH, FORGET_FILE, HOLD, RECOVER, SET_RESPONSE, TAKE
 from .sqlite import MAX_FILES_LISTED
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from ..core.batchdoc import FINISHED, request_counts
+from ..core.formats.batchdoc import FINISHED, request_counts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (

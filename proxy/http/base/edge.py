@@ -1,7 +1,7 @@
 """The HTTP edge in one place: what comes in from a client (its body, its request id, its
 secrets in headers) and which upstream response headers go out to it.
 
-Body checks live in ``proxy.core.request``; here a large body is parsed and counted in a
+Body checks live in ``proxy.core.formats.request``; here a large body is parsed and counted in a
 worker thread so the event loop keeps relaying other calls' streams meanwhile.
 """
 
@@ -18,9 +18,9 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from yarl import URL
 
+from ...core.call.tokens import TokenCounter
 from ...core.errors import BodyTimeout
-from ...core.request import BodyLimits, Call, Kind, parse_call
-from ...core.tokens import TokenCounter
+from ...core.formats.request import BodyLimits, Call, Kind, parse_call
 
 # Bodies past this are parsed off the event loop: past it the thread hand-off costs far less
 # than walking the body on the loop, where every other call's stream would wait for it.

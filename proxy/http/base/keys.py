@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from ...core.request import Call
+from ...core.formats.request import Call
 from .access import AccessLog, CallRecord
 from .drain import Lifecycle
 from .edge import Incoming

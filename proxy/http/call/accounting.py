@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ...core.call.estimate import relative_error
+from ...core.call.plan import Plan
+from ...core.call.route import Deployment
 from ...core.engine import Usage
-from ...core.estimate import relative_error
-from ...core.plan import Plan
-from ...core.route import Deployment
 from .service import Service
 
 

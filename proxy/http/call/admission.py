@@ -14,7 +14,7 @@ import asyncio
 
 from ...core.clock import Clock
 from ...core.errors import ShuttingDown
-from ...core.scheduler import Dispatch, Rejection, Scheduler, Ticket, TicketState
+from ...core.scheduling.scheduler import Dispatch, Rejection, Scheduler, Ticket, TicketState
 
 
 class Admission:

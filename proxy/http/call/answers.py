@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ...core.request import Call
-from ...core.route import Deployment
+from ...core.call.route import Deployment
+from ...core.formats.request import Call
 from .kept import kept_answer
 from .service import Service
 

@@ -6,7 +6,7 @@ import hmac
 from collections.abc import Mapping
 
 from ...config import ApiKey
-from ...core.classify import ANONYMOUS, Principal
+from ...core.call.classify import ANONYMOUS, Principal
 from ...core.errors import InvalidApiKey
 from ..base.edge import secret_digest
 

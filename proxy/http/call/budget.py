@@ -1,4 +1,4 @@
-"""The driver's side of the keys' spend budgets (``proxy.core.budgets``, shared across
+"""The driver's side of the keys' spend budgets (``proxy.core.call.budgets``, shared across
 replicas by ``proxy.state.budgets``): checked when a call arrives, reserved when it is
 dispatched, settled when its attempt ends.
 
@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-from ...core.attempts import Command, Queue
-from ...core.budgets import HELD, TOO_BIG, Refusal, Reservation, call_cost
+from ...core.call.attempts import Command, Queue
+from ...core.call.budgets import HELD, TOO_BIG, Refusal, Reservation, call_cost
+from ...core.call.plan import Plan
+from ...core.call.route import Deployment
 from ...core.errors import BudgetExceeded
-from ...core.plan import Plan
-from ...core.route import Deployment
-from ...core.scheduler_types import Ticket
+from ...core.scheduling.tickets import Ticket
 
 if TYPE_CHECKING:
     from .forward import Exchange

@@ -29,9 +29,9 @@ from typing import Any
 import orjson
 from cachetools import TLRUCache
 
+from ...core.call.route import CacheSettings, ModelRoute
 from ...core.clock import Clock
-from ...core.request import Call
-from ...core.route import CacheSettings, ModelRoute
+from ...core.formats.request import Call
 from ...core.value import value
 from ...state.base import Answers
 

@@ -1,6 +1,6 @@
 """The proxied call over HTTP: a thin driver of the pure attempt policy.
 
-The handler parses and plans the call, then carries out what ``proxy.core.attempts``
+The handler parses and plans the call, then carries out what ``proxy.core.call.attempts``
 commands: wait in the scheduler, send to a deployment, back off, answer. Every decision
 (what to try next after a 429, a 5xx or a 401, when a deadline passes) is the policy's;
 this module only does the I/O and reports what happened.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from ...core.attempts import (
+from ...core.call.attempts import (
     Attempts,
     Command,
     Done,
@@ -28,15 +28,15 @@ from ...core.attempts import (
     Wait,
     tier_declined,
 )
-from ...core.budgets import Reservation
-from ...core.classify import RequestFacts, upstream_service_tier
+from ...core.call.budgets import Reservation
+from ...core.call.classify import RequestFacts, upstream_service_tier
+from ...core.call.plan import Plan
+from ...core.call.retry import parse_retry_after
+from ...core.call.route import Deployment
 from ...core.errors import InvalidRequest, ShuttingDown, UpstreamError
-from ...core.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
-from ...core.plan import Plan
-from ...core.request import Kind
-from ...core.retry import parse_retry_after
-from ...core.route import Deployment
-from ...core.scheduler import Rejection
+from ...core.formats.request import Kind
+from ...core.health.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
+from ...core.scheduling.scheduler import Rejection
 from ...state.base import Lease
 from ..base.drain import uncancel
 from ..base.edge import Incoming, read_call, upstream_headers

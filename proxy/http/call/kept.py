@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ...core.request import Call
+from ...core.formats.request import Call
 from ..base.edge import Incoming
 from ..base.keys import RECORD, REQUEST_ID
 from .cache import Entry, replay

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ...core.attempts import Attempts
+from ...core.call.attempts import Attempts
+from ...core.call.route import Deployment
 from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
-from ...core.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
-from ...core.route import Deployment
+from ...core.health.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ...core.value import value
 from ..base.drain import FAREWELL_S, uncancel
 from ..base.edge import Incoming, upstream_headers

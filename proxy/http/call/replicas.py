@@ -1,20 +1,20 @@
 """The driver's side of shared state (``proxy.state``): with the redis backend, a call
 the local scheduler grants a slot also needs one of its provider's slots leased across
 replicas and room in the provider's and its key's shared rpm/tpm buckets. What to ask and
-what each answer means are ``proxy.core.leases``'s; here they are asked and carried out.
+what each answer means are ``proxy.core.call.leases``'s; here they are asked and carried out.
 With the memory backend nothing here awaits anything."""
 
 from __future__ import annotations
 
-from ...core import leases
-from ...core.attempts import Attempts, Command, Send
-from ...core.capacity import GROW_EVERY_S
-from ...core.classify import Principal
+from ...core.call import leases
+from ...core.call.attempts import Attempts, Command, Send
+from ...core.call.classify import Principal
+from ...core.call.plan import Plan
+from ...core.call.route import Deployment
 from ...core.errors import RateLimited
-from ...core.fleet import Verdict
-from ...core.plan import Plan
-from ...core.route import Deployment
-from ...core.scheduler import Ticket
+from ...core.health.fleet import Verdict
+from ...core.scheduling.capacity import GROW_EVERY_S
+from ...core.scheduling.scheduler import Ticket
 from ...state.base import Lease
 from .service import Service
 

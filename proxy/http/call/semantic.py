@@ -1,7 +1,7 @@
 """The semantic cache, opt-in per model (``models.<name>.semantic_cache``).
 
-Which calls it may answer, and what must match exactly, is ``proxy.core.semantic``'s; the
-entries, their nearest neighbour, TTL and bound are ``proxy.core.vectors``'. This module
+Which calls it may answer, and what must match exactly, is ``proxy.core.caching.semantic``'s; the
+entries, their nearest neighbour, TTL and bound are ``proxy.state.vectors``'. This module
 does the I/O: the question's embedding comes from ``embedding_model`` through this proxy's
 own listener (the way batch lines are sent, ``proxy.http.work.loopback``): on behalf of the
 calling key, at the calling call's tier, so it queues, is counted and is billed like any
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from ...core.caching.semantic import SEMANTIC_KINDS, Question, band, may_answer_from_past, question
+from ...core.call.plan import Plan
+from ...core.call.route import ModelRoute, SemanticSettings
 from ...core.clock import Clock
 from ...core.errors import UpstreamError
-from ...core.plan import Plan
-from ...core.provider import Timeouts
-from ...core.request import Call
-from ...core.route import ModelRoute, SemanticSettings
-from ...core.semantic import SEMANTIC_KINDS, Question, band, may_answer_from_past, question
+from ...core.formats.request import Call
+from ...core.health.provider import Timeouts
 from ..base.edge import Incoming
 from ..base.keys import RECORD
 from ..base.metrics import Metrics

@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from ...config import Config, Provider
-from ...core.breaker import BreakerState
-from ...core.budgets import Budget
+from ...core.call.budgets import Budget
+from ...core.call.route import Deployment
+from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
 from ...core.engine import Engine
-from ...core.route import Deployment
-from ...core.schedules import Schedule, active, next_change
-from ...core.tokens import TokenCounter
+from ...core.health.breaker import BreakerState
+from ...core.scheduling.schedules import Schedule, active, next_change
 from ...state.base import State, open_state
 from ..base.live import LiveStats
 from ..base.metrics import Metrics

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...config.telemetry import TelemetrySettings
-from ...core.route import Deployment
+from ...core.call.route import Deployment
 from ..base.access import CallRecord
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ import orjson
 from aiohttp import web
 
 from ...config import Config, Provider
+from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock, SystemClock
 from ...core.errors import ModelNotFound
-from ...core.tokens import TokenCounter
 from ..base.access import AccessLog
 from ..base.drain import Lifecycle
 from ..base.keys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus

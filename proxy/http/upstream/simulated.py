@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import orjson
 
-from ...core.provider import SimSettings, Timeouts
+from ...core.health.provider import SimSettings, Timeouts
 from .sim_answers import ANSWERS, Answer
 from .upstream import UpstreamRequest
 

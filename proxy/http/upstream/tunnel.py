@@ -17,7 +17,7 @@ from typing import cast
 
 import httptools
 
-from ...core.provider import EgressProxy
+from ...core.health.provider import EgressProxy
 
 MAX_ANSWER_BYTES = 16 * 1024  # the head of a proxy's answer to CONNECT, at most
 

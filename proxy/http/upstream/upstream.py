@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 from yarl import URL
 
-from ...core.provider import EgressProxy, Timeouts
+from ...core.health.provider import EgressProxy, Timeouts
 from ...core.value import value
 from .wire import Connection, Origin, StaleConnection
 

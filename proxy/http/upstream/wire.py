@@ -27,7 +27,7 @@ from typing import cast
 import httptools
 
 from ...core.errors import UpstreamBadResponse, UpstreamConnectError, UpstreamError, UpstreamTimeout
-from ...core.provider import EgressProxy
+from ...core.health.provider import EgressProxy
 from .tunnel import ProxyRefused, connect_request, open_tunnel
 
 KEEPALIVE_S = 15.0  # an idle connection older than this is closed, not reused

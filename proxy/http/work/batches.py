@@ -14,7 +14,8 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
-from ...core.batchdoc import (
+from ...core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
+from ...core.formats.batchdoc import (
     CHAT_PREFIX,
     batch_doc,
     batch_view,
@@ -24,9 +25,8 @@ from ...core.batchdoc import (
     response_doc,
     window_s,
 )
-from ...core.batchfile import ENDPOINTS, read_lines
-from ...core.errors import InvalidRequest, NotFound, RequestTooLarge, StorageUnavailable
-from ...core.request import Call
+from ...core.formats.batchfile import ENDPOINTS, read_lines
+from ...core.formats.request import Call
 from ...store.sqlite import MAX_FILES_LISTED
 from ..base import edge
 from ..base.edge import Incoming

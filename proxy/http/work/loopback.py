@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Mapping
 
 from ...config import Config
+from ...core.call.retry import parse_retry_after
 from ...core.clock import Clock
 from ...core.errors import UpstreamError
-from ...core.provider import Timeouts
-from ...core.retry import parse_retry_after
+from ...core.health.provider import Timeouts
 from ..call.auth import ON_BEHALF
 from ..upstream.upstream import HttpUpstream, UpstreamRequest
 

@@ -30,9 +30,15 @@ import orjson
 from aiohttp import web
 
 from ...config import Config
-from ...core.batchdoc import background_path, error_line, output_line, request_counts, response_doc
 from ...core.clock import Clock
 from ...core.errors import StorageFull
+from ...core.formats.batchdoc import (
+    background_path,
+    error_line,
+    output_line,
+    request_counts,
+    response_doc,
+)
 from ...store import AsyncStore, open_store, store_errors
 from ..base.metrics import Metrics
 from .loopback import RETRY_MIN_S, Loopback, batch_tier

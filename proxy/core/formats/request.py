@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import orjson
 
-from .errors import InvalidRequest
-from .tokens import TokenCounter
+from ..call.tokens import TokenCounter
+from ..errors import InvalidRequest
 
 Kind = Literal["chat", "completions", "responses", "embeddings"]
 MAX_MODEL_NAME = 256

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .lru import Lru
+from ..lru import Lru
 
 DEFAULT_OUTPUT_PRIOR = 256
 DEFAULT_TTFT_PRIOR_S = 0.5

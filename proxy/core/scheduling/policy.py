@@ -2,7 +2,7 @@
 
 For each free slot of a provider, among the calls that may use it:
 
-1. *Floors* (``proxy.core.floors``). A tier owed its floor (at least one longest call
+1. *Floors* (``floors``). A tier owed its floor (at least one longest call
    behind its weight's share of the provider's slot-seconds) goes first, the most owed
    first; but while the most urgent waiting tier keeps calls waiting, floors are granted
    ahead of it at most the slot-seconds its share lets them beside what it was granted
@@ -17,14 +17,14 @@ For each free slot of a provider, among the calls that may use it:
    left) first, in deadline order, unless its key started more than one of the tier's
    longest calls after the key that would go next (a burst past its share is not rescued
    ahead of a key within it); else the top level (short calls first), and within a
-   level the key with the earliest virtual start (``proxy.core.keys``), so keys share
+   level the key with the earliest virtual start (``shares``), so keys share
    the tier by weight; a level stands one higher each time its oldest call has waited
    ``promote_after_s[level]`` or ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever
-   is sooner (``proxy.core.scheduler``), and is served there in its own order, so aging
+   is sooner (``scheduler``), and is served there in its own order, so aging
    never puts one key's old calls ahead of another key's fresh ones of the same size; a
    call moves up one tier after ``tier_promote_after_s`` (off by default), once, never
    above its ``ceiling``.
-4. *Headroom* (``proxy.core.headroom``): a call that has used less than half of its
+4. *Headroom* (``headroom``): a call that has used less than half of its
    ``max_wait_s`` may not take the last free slots held for more urgent arrivals; never
    every slot, and never beyond the more urgent tiers' floors.
 """
@@ -37,8 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from .capacity import Gate, Pool
 from .floors import CAP_CALLS, Floors
 from .headroom import Headroom
-from .scheduler_queues import Cohort, TicketQueues
-from .scheduler_types import SchedulerSettings, Ticket
+from .queues import Cohort, TicketQueues
+from .tickets import SchedulerSettings, Ticket
 
 # A headroom hold keeps a free slot from a waiting call only until the call has used this
 # fraction of its tier's max_wait_s.

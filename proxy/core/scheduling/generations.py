@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .scheduler_types import Ticket
+from .tickets import Ticket
 
 
 class TierMaps:

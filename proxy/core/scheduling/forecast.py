@@ -1,5 +1,5 @@
 """A new call's wait, foreseen when it arrives, from what waits ahead of it
-(``proxy.core.backlog``).
+(``backlog``).
 
 - *expected*: the work queued ahead of it for its likely provider — the more urgent tiers',
   and in its own tier what goes first: its own key's calls at its level or above while
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ..value import value
 from .backlog import Backlog
 from .capacity import Gate, Pool, first_open
-from .scheduler_types import Ticket
-from .value import value
+from .tickets import Ticket
 
 # A chain's gap, as a share of the time a slot takes to turn over (a call's estimate over
 # the slots): a call arriving that much after the one before it has a deadline that much

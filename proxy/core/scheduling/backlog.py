@@ -1,5 +1,5 @@
 """What waits ahead of a new call, kept as calls join and leave the queue, so a forecast
-(``proxy.core.forecast``) reads sums instead of walking the queue.
+(``forecast``) reads sums instead of walking the queue.
 
 - Per provider: calls and estimated seconds queued per tier and level.
 - Per (tier, key, candidates): calls and seconds queued per level, and the keys waiting in
@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Iterable
 
-from .scheduler_types import Ticket
+from .tickets import Ticket
 
 Group = tuple[int, str, tuple[str, ...]]  # (tier, key, candidates)
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 
+from ..health.fleet import THROTTLED, Verdict
+from ..scheduling.tickets import NEW, Ticket
+from ..value import value
 from .attempts import Attempts, Command, Queue
-from .fleet import THROTTLED, Verdict
 from .route import Deployment
-from .scheduler_types import NEW, Ticket
-from .value import value
 
 LEVELS = 16  # rank = tier * LEVELS + level: the order of tiers, then of levels
 

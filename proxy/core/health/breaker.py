@@ -5,12 +5,12 @@ OPEN ──(cooldown ends; checked lazily on every call)──▶ HALF_OPEN
 HALF_OPEN ──(``half_open_probes`` probes all succeed)──▶ CLOSED
 HALF_OPEN ──(a probe fails)──▶ OPEN, with a longer cooldown
 
-A 429 is throttling, not sickness: ``on_throttle`` counts no failure (pausing the deployment
-is the scheduler's business, ``proxy.core.capacity``). Verdicts that arrive while OPEN, or
-in HALF_OPEN with no probe outstanding, come from calls started before the breaker opened
-and are ignored; pass ``started`` (the call's ``now`` at ``acquire``) and every verdict of
-a call started before the current state began is ignored, so a slow stale call can never
-pass for a probe.
+A 429 is throttling, not sickness: ``on_throttle`` counts no failure (pausing the
+deployment is the scheduler's business, ``proxy.core.scheduling.capacity``). Verdicts that
+arrive while OPEN, or in HALF_OPEN with no probe outstanding, come from calls started
+before the breaker opened and are ignored; pass ``started`` (the call's ``now`` at
+``acquire``) and every verdict of a call started before the current state began is
+ignored, so a slow stale call can never pass for a probe.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BreakerState(enum.Enum):
     HALF_OPEN = "half_open"
 
 
-# The members under plain names, for the hot paths (why: see scheduler_types.py).
+# The members under plain names, for the hot paths (why: see scheduling/tickets.py).
 CLOSED: Final = BreakerState.CLOSED
 OPEN: Final = BreakerState.OPEN
 HALF_OPEN: Final = BreakerState.HALF_OPEN

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .engine import Engine, Usage
-from .errors import (
+from ..engine import Engine, Usage
+from ..errors import (
     Evicted,
     KeyBacklog,
     ProxyError,
@@ -37,7 +37,7 @@ from .errors import (
     UpstreamAuthError,
     UpstreamUnavailable,
 )
-from .fleet import (
+from ..health.fleet import (
     ABANDONED,
     AUTH,
     DECLINED,
@@ -48,11 +48,11 @@ from .fleet import (
     THROTTLED,
     Verdict,
 )
+from ..scheduling.tickets import DISPATCHED, QUEUED, Ticket
+from ..value import value
 from .plan import Plan
 from .retry import backoff_s
 from .route import Deployment, degrade, rank
-from .scheduler_types import DISPATCHED, QUEUED, Ticket
-from .value import value
 
 _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
     "queue_full": (QueueFull, "The proxy's queue is full; retry later."),

@@ -4,8 +4,8 @@
 - ``TokenBucket`` / ``RateLimits``: rpm and tpm buckets per provider (and per key), plus
   the upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
 
-Adaptive concurrency lives with the provider's slots, in ``proxy.core.capacity``.
-Retry policy (budget, backoff, ``retry-after``) is in ``proxy.core.retry``.
+Adaptive concurrency lives with the provider's slots, in ``proxy.core.scheduling.capacity``.
+Retry policy (budget, backoff, ``retry-after``) is in ``proxy.core.call.retry``.
 """
 
 from __future__ import annotations

@@ -21,13 +21,13 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
+from ..call.classify import Principal
+from ..call.retry import RetryBudget
+from ..call.route import Deployment
+from ..scheduling.scheduler import Scheduler
 from .breaker import CLOSED, OPEN, Breaker, BreakerState
-from .classify import Principal
 from .limits import RateLimits
 from .provider import Provider
-from .retry import RetryBudget
-from .route import Deployment
-from .scheduler import Scheduler
 
 # A 429 without retry-after pauses its deployment this long. Whatever retry-after says, the
 # pause is at least THROTTLE_MIN_S doubled for every 429 in a row from the deployment (so
@@ -59,7 +59,7 @@ class Start(enum.Enum):
     BUDGET_SPENT = "budget_spent"  # a re-try the provider's retry budget refuses
 
 
-# The members under plain names, for the hot paths (why: see scheduler_types.py).
+# The members under plain names, for the hot paths (why: see scheduling/tickets.py).
 SUCCESS: Final = Verdict.SUCCESS
 FAILURE: Final = Verdict.FAILURE
 THROTTLED: Final = Verdict.THROTTLED

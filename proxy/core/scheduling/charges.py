@@ -1,6 +1,6 @@
-"""What each call is charged to: its tier's floor (``proxy.core.floors``), its key's share
-of the tier (``proxy.core.keys``), the headroom's record of demand
-(``proxy.core.headroom``) and its provider's service times (``proxy.core.policy``).
+"""What each call is charged to: its tier's floor (``floors``), its key's share
+of the tier (``shares``), the headroom's record of demand
+(``headroom``) and its provider's service times (``policy``).
 
 A call is charged its claim (its estimate, capped: ``Policy.claim``) when it arrives
 (its key's virtual start, the demand) and when it gets a slot (its tier's floor), and
@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from .capacity import Pool
 from .floors import Floors
 from .headroom import Headroom
-from .keys import KeyStats, KeyTags
 from .policy import Policy
-from .scheduler_queues import TicketQueues
-from .scheduler_types import Ticket
+from .queues import TicketQueues
+from .shares import KeyStats, KeyTags
+from .tickets import Ticket
 
 
 class Charges:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .value import value
+from ..value import value
 
 # Most models cap a reply at 4k-16k tokens; an estimate never counts on more than this unless
 # the deployment says so, whatever a client puts in max_tokens.

@@ -14,7 +14,7 @@ A *deployment* (``provider/model``) has a gate: *paused* until a time (a 429 wit
 queued calls that have no other candidate are refused), and at most ``probes`` calls at
 once while its breaker is half-open.
 
-Everything here is state driven by ``now``; ``proxy.core.scheduler`` is its only user.
+Everything here is state driven by ``now``; ``scheduler`` is its only user.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .scheduler_types import Ticket
+from .tickets import Ticket
 
 GROW_EVERY_S = 10.0
 RETRY_AFTER_MIN_S = 1.0

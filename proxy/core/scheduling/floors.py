@@ -13,7 +13,7 @@ A tier is *owed* once its credit, less what its running calls claimed beyond the
 they were capped at (``Policy.uncharged``), reaches one of its longest calls (the longest
 recent service time of its calls on the provider; a call cannot be served in parts, so a
 floor is kept call by call); the policy then
-gives it the next free slot before urgency decides (``proxy.core.policy``), paced against
+gives it the next free slot before urgency decides (``policy``), paced against
 the most urgent waiting tier by their shares. So in any
 window in which a tier waits throughout, it is served at least its share of what was
 served there, less about two longest calls (one to become owed, one for a slot to free).

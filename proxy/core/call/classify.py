@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..value import value
 from .budgets import Budget
-from .value import value
 
 ANY_VALUE = "*"
 """A header value pattern that matches any value, as long as the header is present."""

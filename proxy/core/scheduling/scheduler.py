@@ -3,14 +3,14 @@
 Pure: it is told the time (``now``, monotonic seconds), never sleeps and never does I/O.
 Every method that changes something records its decisions (slots granted, calls refused)
 for ``take``; the async shell (``proxy.http.call.admission``) or the simulator acts on them.
-It alone decides whether a provider can take a call now (``proxy.core.capacity``): slots,
+It alone decides whether a provider can take a call now (``capacity``): slots,
 pauses after a 429 or a spent rate limit, half-open probe limits, open breakers and the
 adaptive concurrency limit are all capacity it sees, so a call waits for them in its
 place instead of failing.
 
-The policy (``proxy.core.policy``) picks, for each free slot of a provider, among the
-calls that may use it: a tier owed its floor (``proxy.core.floors``), else the most urgent
-tier, and within a tier by level and by key (``proxy.core.keys``). Deadlines are exact: a
+The policy (``policy``) picks, for each free slot of a provider, among the
+calls that may use it: a tier owed its floor (``floors``), else the most urgent
+tier, and within a tier by level and by key (``shares``). Deadlines are exact: a
 queued call past its deadline is refused (``queue_timeout``) on time, however it entered
 the queue. The queue is bounded: past a tier's or the total bound, a more urgent arrival
 evicts the latest arrival of the least urgent tier (``evicted``); otherwise it is refused
@@ -35,10 +35,10 @@ from .floors import Floors
 from .forecast import chain_s, forecast, gap_s, starts
 from .generations import TierMaps
 from .headroom import Headroom
-from .keys import KeyStats, KeyTags
 from .policy import HOLD_PATIENCE, Policy
-from .scheduler_queues import TicketQueues
-from .scheduler_types import (
+from .queues import TicketQueues
+from .shares import KeyStats, KeyTags
+from .tickets import (
     CANCELLED,
     DISPATCHED,
     NEW,
@@ -189,7 +189,7 @@ class Scheduler:
         """A new call's forecast; refused at once if its certain wait passes its deadline.
         Not None: it has its tier's whole wait and stays in its tier, so it blocks the later
         arrivals of its key, and this is its provider's mean service time
-        (``proxy.core.forecast``)."""
+        (``forecast``)."""
         tier = ticket.current_tier
         spec = self._tiers[tier]
         typical = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from .value import value
+from ..value import value
 
 HEADER = "x-proxy-cache"
 HEADER_VALUE = "semantic"

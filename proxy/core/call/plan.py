@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .request import Call
+from ..formats.request import Call
+from ..value import value
 from .route import ModelRoute
-from .value import value
 
 
 @value

@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .limits import EPSILON, RollingCounts, lowercase_keys
+from ..health.limits import EPSILON, RollingCounts, lowercase_keys
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Value types of the scheduler: its settings, the ticket a call waits with, and outcomes.
 
-``proxy.core.scheduler`` re-exports them: outside the core, import from there.
+``scheduler`` re-exports them: outside the core, import from there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from .value import value
+from ..value import value
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class SchedulerSettings:
     - ``headroom_spread``: the adaptive headroom keeps free, for the tiers more urgent than
       a call, the slots their recent demand needs: its mean busy slots ``a`` plus
       ``headroom_spread`` times ``sqrt(a)`` (square-root staffing), less those they run
-      (``proxy.core.headroom``); an EWMA over ``headroom_horizon_s``. None: no adaptive
+      (``headroom``); an EWMA over ``headroom_horizon_s``. None: no adaptive
       headroom (fixed ``reserve`` only).
     - ``headroom_budget``: the share of a provider's slot-time that adaptive holds may leave
       idle while calls wait (an EWMA over ``BUDGET_HORIZON_S``); past it they stop until
@@ -54,7 +54,7 @@ class SchedulerSettings:
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
       left is *at risk*: it goes before the other calls of its tier, whatever their level
       or key, in deadline order (never before another tier's floor).
-    - ``refuse_early``: a call whose certain wait (``proxy.core.forecast``) passes its
+    - ``refuse_early``: a call whose certain wait (``forecast``) passes its
       deadline is refused when it arrives instead of at its deadline.
     """
 
@@ -138,7 +138,7 @@ class Ticket:
     ``size_s`` is a stable measure of the call's size that picks its level (default: the
     estimate), so identical calls always join the same level. ``ceiling`` is the most
     urgent tier aging may move the call into. ``key`` is the call's key, which shares its
-    tier with the tier's other keys by ``key_weight`` (``proxy.core.keys``).
+    tier with the tier's other keys by ``key_weight`` (``shares``).
     """
 
     tier: int
@@ -175,7 +175,7 @@ class Ticket:
     paced_in: list[float] | None = field(init=False, default=None)
     paced_as: int = field(init=False, default=0)
     waited_s: float = field(init=False, default=0.0)  # queued time over every pass
-    # Foreseen when it first queued (proxy.core.forecast): calls ahead, the expected wait.
+    # Foreseen when it first queued (forecast): calls ahead, the expected wait.
     position: int = field(init=False, default=0)
     predicted_s: float = field(init=False, default=0.0)
     chain: int = field(init=False, default=0)  # the arrivals it blocks (Backlog), if any

@@ -20,7 +20,7 @@ job waits for the next one to finish. Keeping a few slots free avoids that.
 - Fixed: a tier's ``reserve`` is a plain count of free slots, replacing its adaptive value.
 
 What is held against a tier is the largest hold of any more urgent set of tiers, at most
-those tiers' floors (their share of the slots, ``proxy.core.floors``, less what they run),
+those tiers' floors (their share of the slots, ``floors``, less what they run),
 so a hold never keeps a less urgent tier below its own floor; and never every slot of a
 provider: each tier can always use one.
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from ..value import value
 from .plan import Plan
 from .route import Deployment
-from .value import value
 
 PERIODS = ("day", "month")
 GO, SPENT, TOO_BIG, HELD = "go", "spent", "too_big", "held"

@@ -1,7 +1,7 @@
 """Where waiting tickets live: heaps with lazy removal, so every question is cheap.
 
 - Cohorts, one per (tier, level, candidate tuple): heaps ordered by the calls' virtual
-  starts (``proxy.core.keys``; arrival order for one key), and a call that comes back (a
+  starts (``shares``; arrival order for one key), and a call that comes back (a
   re-try) goes back to its place instead of the tail.
 - A level ages as a whole: its *standing* rises one level each time its oldest call has
   waited there long enough, and it is then served in its own order. A call never leaves
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .backlog import Backlog
 from .capacity import Gate
-from .scheduler_types import QUEUED, Ticket, TicketState
+from .tickets import QUEUED, Ticket, TicketState
 
 # A queued ticket has at most seven live entries (three in its cohort, newest, promotion
 # and two deadlines): rebuild once the entries exceed twice that per live
