@@ -1,3 +1,3 @@
 """triage-proxy: an OpenAI-compatible reverse proxy that decides which LLM call goes first."""
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
