@@ -317,6 +317,11 @@ def test_cli_prints_its_version() -> None:
     assert result.stdout.strip() == f"triage-proxy {proxy.__version__}"
 
 
+def test_the_version_is_the_one_the_package_is_built_as() -> None:
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'version = "{proxy.__version__}"' in pyproject
+
+
 def test_the_documented_examples_are_valid_config() -> None:
     readme = documentation()
     blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]

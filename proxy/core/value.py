@@ -2,7 +2,7 @@
 
 A frozen dataclass sets each field through ``object.__setattr__``, which makes one slower
 to build than a plain one, and a proxied call builds a dozen such values (its plan,
-classification, commands, results; CHANGELOG.md has what this saved). mypy still refuses
+classification, commands, results). mypy still refuses
 any assignment to a field (``frozen_default``); equality and hashing are a frozen one's.
 """
 
