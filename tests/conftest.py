@@ -12,7 +12,7 @@ from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 
 from proxy.config import Config, parse_config
 from proxy.core.call.tokens import TokenCounter
-from proxy.http.base.keys import LIFECYCLE
+from proxy.http.base.appkeys import LIFECYCLE
 from proxy.http.call import forward
 from proxy.http.lane.front import FrontRunner
 from proxy.http.upstream import upstream as upstream_module

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient
 from proxy.core.call.tokens import TokenCounter
 from proxy.core.quantile import percentile
 from proxy.http.base.access import CallRecord
-from proxy.http.base.keys import LIFECYCLE
+from proxy.http.base.appkeys import LIFECYCLE
 from proxy.http.base.live import REJECTIONS, SAMPLES, LiveStats
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app

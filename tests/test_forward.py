@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.config import Config
 from proxy.core.call.tokens import TokenCounter
-from proxy.http.base.keys import LIFECYCLE
+from proxy.http.base.appkeys import LIFECYCLE
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app
 

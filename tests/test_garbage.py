@@ -22,7 +22,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient
 
 from proxy.core.call.tokens import TokenCounter
-from proxy.http.base.keys import LIFECYCLE
+from proxy.http.base.appkeys import LIFECYCLE
 
 from .conftest import config_from
 from .fakes import FakeUpstream

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from proxy.http.base.keys import LaneStatus
+from proxy.http.base.appkeys import LaneStatus
 from proxy.http.call import forward
 from proxy.http.call.middleware import errors_middleware
 from proxy.http.lane.check import lane_off_because, what_aiohttp_lacks

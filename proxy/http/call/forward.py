@@ -38,9 +38,9 @@ from ...core.formats.request import Kind
 from ...core.health.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
 from ...core.scheduling.scheduler import Rejection
 from ...state.base import Lease
+from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
 from ..base.edge import Incoming, read_call, upstream_headers
-from ..base.keys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
 from .answers import cached, find_home, follow, recalled, remember

@@ -6,8 +6,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from ...core.formats.request import Call
+from ..base.appkeys import RECORD, REQUEST_ID
 from ..base.edge import Incoming
-from ..base.keys import RECORD, REQUEST_ID
 from .cache import Entry, replay
 
 

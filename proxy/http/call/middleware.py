@@ -15,8 +15,8 @@ from aiohttp.typedefs import Handler
 
 from ...core.errors import InvalidRequest, ProxyError, RequestTooLarge
 from ..base.access import CallRecord
+from ..base.appkeys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from ..base.edge import Incoming, client_request_id
-from ..base.keys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from .service import SERVICE
 from .tracing import TRACE
 

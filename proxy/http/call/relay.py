@@ -16,9 +16,9 @@ from ...core.call.route import Deployment
 from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
 from ...core.health.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ...core.value import value
+from ..base.appkeys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import FAREWELL_S, uncancel
 from ..base.edge import Incoming, upstream_headers
-from ..base.keys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..upstream.upstream import UpstreamResponse
 from .events import event_stream
 from .service import Service

@@ -27,8 +27,8 @@ from ...core.clock import Clock
 from ...core.errors import UpstreamError
 from ...core.formats.request import Call
 from ...core.health.provider import Timeouts
+from ..base.appkeys import RECORD
 from ..base.edge import Incoming
-from ..base.keys import RECORD
 from ..base.metrics import Metrics
 from ..upstream.upstream import HttpUpstream, UpstreamRequest
 from .auth import ON_BEHALF

@@ -26,8 +26,8 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.tcp_helpers import tcp_keepalive
 from aiohttp.web_protocol import RequestHandler
 
+from ..base.appkeys import LANE
 from ..base.edge import Incoming
-from ..base.keys import LANE
 from ..call.middleware import guarded
 from .check import lane_off_because
 from .head import HeadReader, Other, whole_answer

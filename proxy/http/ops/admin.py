@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 
 from ...core.errors import AdminLoopbackOnly, InvalidAdminKey
+from ..base.appkeys import LANE, LIFECYCLE
 from ..base.edge import is_loopback, secret_digest
-from ..base.keys import LANE, LIFECYCLE
 from ..call.auth import bearer
 from ..call.service import SERVICE, Service
 from ..work.runner import WORK, Work

@@ -15,8 +15,8 @@ from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock, SystemClock
 from ...core.errors import ModelNotFound
 from ..base.access import AccessLog
+from ..base.appkeys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus
 from ..base.drain import Lifecycle
-from ..base.keys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus
 from ..call import forward
 from ..call.middleware import REQUEST_IDS, RequestIds, errors_middleware
 from ..call.service import SERVICE, Service

@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from ..base.appkeys import LIFECYCLE
 from ..base.drain import Lifecycle
-from ..base.keys import LIFECYCLE
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from ...config import Config
 from ...core.errors import InvalidConfig
+from ..base.appkeys import LANE, LIFECYCLE
 from ..base.edge import is_loopback
-from ..base.keys import LANE, LIFECYCLE
 from ..call import forward
 from ..call.service import SERVICE
 from ..lane.check import lane_off_because
