@@ -1,4 +1,4 @@
-"""The response cache: deterministic calls only, a canonical cache key per proxy key,
+"""The response cache: deterministic calls only, a canonical fingerprint per proxy key,
 streamed replay as valid SSE, no slot and no upstream tokens for a hit, bounded by TTL and size."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from proxy.http.call.cache import (
     Entry,
     ResponseCache,
     assemble,
-    cache_key,
     deterministic,
+    fingerprint_of,
     pack,
     replay,
     unpack,
@@ -53,10 +53,10 @@ def test_only_deterministic_calls_are_cached(body: dict[str, Any], expected: boo
 def key(counter: TokenCounter, body: dict[str, Any], key_name: str = "app",
         kind: Any = "chat") -> bytes:
     raw = orjson.dumps({"model": "m", "messages": MESSAGES, **body})
-    return cache_key(key_name, parse_call(raw, kind, BodyLimits(), counter))
+    return fingerprint_of(key_name, parse_call(raw, kind, BodyLimits(), counter))
 
 
-def test_the_cache_key_is_the_canonical_request_per_key(counter: TokenCounter) -> None:
+def test_the_fingerprint_is_the_canonical_request_per_key(counter: TokenCounter) -> None:
     base = key(counter, {"temperature": 0, "max_tokens": 5})
     assert key(counter, {"max_tokens": 5, "temperature": 0.0}) == base
     assert key(counter, {"temperature": 0, "max_tokens": 5, "stream": True,
@@ -310,13 +310,13 @@ class FleetCache:
         self.on_error: Callable[[str], None] = lambda operation: None
         self.asked = 0
 
-    async def recall(self, digest: bytes) -> tuple[bytes, float] | None:
+    async def recall(self, fingerprint: bytes) -> tuple[bytes, float] | None:
         self.asked += 1
-        return self.entries.get(digest)
+        return self.entries.get(fingerprint)
 
-    def keep(self, model: str, digest: bytes, packed: bytes, ttl_s: float,
+    def keep(self, model: str, fingerprint: bytes, packed: bytes, ttl_s: float,
              max_entries: int) -> None:
-        self.entries[digest] = (packed, ttl_s)
+        self.entries[fingerprint] = (packed, ttl_s)
         self.kept.append((model, ttl_s, max_entries))
 
     async def home(self, response_id: str) -> str | None:

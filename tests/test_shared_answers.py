@@ -172,10 +172,10 @@ async def test_entries_expire_with_their_ttl_on_every_replica(tmp_path: Path) ->
                                                              ttl_s=1.5)) as (a, b), \
                 aiohttp.ClientSession() as session:
             await ask(session, a)
-            (digest,) = await added(client, prefix, [])
-            assert 0 < client.pttl(f"{prefix}:answer:{digest}") <= 1500
+            (fingerprint,) = await added(client, prefix, [])
+            assert 0 < client.pttl(f"{prefix}:answer:{fingerprint}") <= 1500
             assert (await ask(session, b))[1]["x-proxy-cache"] == "hit"  # now in b's own too
-            await until(lambda: not client.exists(f"{prefix}:answer:{digest}"),
+            await until(lambda: not client.exists(f"{prefix}:answer:{fingerprint}"),
                         "Redis expired the entry")
             await asyncio.sleep(0.1)
             # Neither replica's own copy outlives the entry in Redis.

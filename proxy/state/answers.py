@@ -3,9 +3,9 @@ entries and, for the Responses API, the deployment that holds each stored respon
 
 Keys, under the configured prefix ``p``:
 
-- ``p:answer:{digest}``  a cached answer (``proxy.http.call.cache.pack``), with the model's
-  ``ttl_s`` as its Redis expiry; ``digest`` is the hex of the cache key, which names the
-  proxy key, the model and the request, so one key never reads another's answers
+- ``p:answer:{fingerprint}``  a cached answer (``proxy.http.call.cache.pack``), with the
+  model's ``ttl_s`` as its Redis expiry; the fingerprint (in hex) names the proxy key, the
+  model and the request, so one key never reads another's answers
 - ``p:answers:{model}``  sorted set, the model's entries by the time they were stored
   (Redis ms): the script that stores one also drops the oldest past ``max_entries``, so
   the bound holds for the whole fleet
@@ -47,17 +47,17 @@ HOME_TTL_S = 7 * 86_400  # a response id's home is known to the fleet for a week
 TRIM_AT_ONCE = 64  # entries one store drops at most (a lowered max_entries takes a few)
 LOG_EVERY_S = 60.0
 
-# ARGV: prefix, model, digest, value, ttl_ms, max_entries, trim. Stores the entry with its
+# ARGV: prefix, model, fingerprint, value, ttl_ms, max_entries, trim. Stores the entry with its
 # expiry, notes it in the model's set, forgets the set's expired entries, then drops the
 # oldest past max_entries (at most trim of each). Answers how many it dropped.
 KEEP = """
-local p, model, digest = ARGV[1], ARGV[2], ARGV[3]
+local p, model, fingerprint = ARGV[1], ARGV[2], ARGV[3]
 local ttl, most, trim = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local set = p .. 'answers:' .. model
-redis.call('SET', p .. 'answer:' .. digest, ARGV[4], 'PX', ttl)
-redis.call('ZADD', set, now, digest)
+redis.call('SET', p .. 'answer:' .. fingerprint, ARGV[4], 'PX', ttl)
+redis.call('ZADD', set, now, fingerprint)
 local gone = redis.call('ZRANGEBYSCORE', set, '-inf', now - ttl, 'LIMIT', 0, trim)
 for _, old in ipairs(gone) do
   redis.call('ZREM', set, old)
@@ -96,12 +96,12 @@ class SharedAnswers:
 
     # --- the response cache -------------------------------------------------------------
 
-    async def recall(self, digest: bytes) -> tuple[bytes, float] | None:
-        """The entry stored under ``digest`` and the seconds it has left, if Redis has it
+    async def recall(self, fingerprint: bytes) -> tuple[bytes, float] | None:
+        """The entry stored under ``fingerprint`` and the seconds it has left, if Redis has it
         and answers within ``LOOKUP_TIMEOUT_S``."""
         if not self.usable():
             return None
-        key = self._p + "answer:" + digest.hex()
+        key = self._p + "answer:" + fingerprint.hex()
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -115,13 +115,13 @@ class SharedAnswers:
             return None
         return found, left_ms / 1000
 
-    def keep(self, model: str, digest: bytes, packed: bytes, ttl_s: float,
+    def keep(self, model: str, fingerprint: bytes, packed: bytes, ttl_s: float,
              max_entries: int) -> None:
         """Store an entry for the fleet, in the background (not if larger than
         ``MAX_SHARED_BYTES``)."""
         if len(packed) <= MAX_SHARED_BYTES:
             ttl_ms = max(int(ttl_s * 1000), 1)
-            args: list[bytes | str | int] = [self._p, model, digest.hex(), packed, ttl_ms,
+            args: list[bytes | str | int] = [self._p, model, fingerprint.hex(), packed, ttl_ms,
                                              max_entries, TRIM_AT_ONCE]
             self._write("store", lambda: self._keep(args=args))
 

@@ -30,8 +30,8 @@ def cached(service: Service, exchange: Exchange, tier_name: str,
     """This replica's cached answer to the call, if there is one now: no slot, no upstream
     tokens, no cost, no budget."""
     call, request = exchange.plan.call, exchange.request
-    key = exchange.cache_key
-    entry = None if key is None else service.cache.get(call.model, key)
+    fingerprint = exchange.fingerprint
+    entry = None if fingerprint is None else service.cache.get(call.model, fingerprint)
     if entry is None:
         return None
     service.metrics.cache_lookups.get(call.model, "hit").inc()
@@ -42,8 +42,8 @@ def cached(service: Service, exchange: Exchange, tier_name: str,
 async def follow(service: Service, exchange: Exchange) -> web.Response | None:
     """An identical call is on its way upstream: wait for it (no slot held, at most until
     this call's own deadline), then answer from the cache if it left an answer there."""
-    key, plan = exchange.cache_key, exchange.plan
-    flight = None if key is None else service.cache.flight(key)
+    fingerprint, plan = exchange.fingerprint, exchange.plan
+    flight = None if fingerprint is None else service.cache.flight(fingerprint)
     if flight is None:
         return None
     started = service.clock.now()
@@ -58,8 +58,9 @@ async def follow(service: Service, exchange: Exchange) -> web.Response | None:
 async def recalled(service: Service, exchange: Exchange) -> web.Response | None:
     """The fleet's cached answer (redis backend: one round trip, a miss if Redis is slow
     or away). The call asking is the one identical calls here wait for."""
-    key = exchange.cache_key
-    if key is None or await service.cache.recall(exchange.plan.call.model, key) is None:
+    fingerprint = exchange.fingerprint
+    if fingerprint is None or await service.cache.recall(exchange.plan.call.model,
+                                                         fingerprint) is None:
         return None
     return cached(service, exchange, exchange.plan.tier_name, 0.0)
 

@@ -1,10 +1,11 @@
 """The response cache, opt-in per model (``models.<name>.cache: {ttl_s, max_entries}``).
 
 Only deterministic calls are cached: chat and legacy completions with ``temperature: 0`` or
-a ``seed``. The cache key is the SHA-256 of the canonical request: the call's key name (one
-key never sees another's answers), the public model, and the body with its fields sorted, whole
-numbers written alike (``0`` and ``0.0``) and the fields that do not change the answer left
-out (``stream``, ``stream_options``, ``user``, ``metadata``, ``store``, ``service_tier``).
+a ``seed``. A call's fingerprint, which its entry is found by, is the SHA-256 of the
+canonical request: the call's key name (one key never sees another's answers), the public
+model, and the body with its fields sorted, whole numbers written alike (``0`` and ``0.0``)
+and the fields that do not change the answer left out (``stream``, ``stream_options``,
+``user``, ``metadata``, ``store``, ``service_tier``).
 Identical calls arriving while one of them is on its way upstream wait for its answer
 (until their own deadline) instead of going upstream too. An entry is the JSON answer as
 the upstream gave it (a streamed answer is assembled into
@@ -67,7 +68,7 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def cache_key(key_name: str, call: Call) -> bytes:
+def fingerprint_of(key_name: str, call: Call) -> bytes:
     body = {k: v for k, v in call.body.items() if k not in IGNORED_FIELDS and k != "model"}
     canonical = orjson.dumps([call.kind, key_name, call.model, _canonical(body)],
                              option=orjson.OPT_SORT_KEYS)
@@ -101,7 +102,7 @@ def _until(_key: bytes, kept: tuple[Entry, float], _now: float) -> float:
     return kept[1]
 
 
-Local = TLRUCache[bytes, tuple[Entry, float]]  # cache key → (entry, when it expires)
+Local = TLRUCache[bytes, tuple[Entry, float]]  # fingerprint → (entry, when it expires)
 
 
 class ResponseCache:
@@ -110,26 +111,26 @@ class ResponseCache:
         self._clock = clock
         self._shared = shared
         self._caches: dict[str, tuple[CacheSettings, Local]] = {}
-        # Misses on their way upstream, by cache key: identical calls wait for the answer instead
-        # of going upstream too (one entry per call in flight, so bounded by them).
+        # Misses on their way upstream, by fingerprint: identical calls wait for the answer
+        # instead of going upstream too (one entry per call in flight, so bounded by them).
         self._flights: dict[bytes, asyncio.Event] = {}
 
     @property
     def shared(self) -> bool:
         return self._shared is not None
 
-    def flight(self, digest: bytes) -> asyncio.Event | None:
-        """Set when the identical call fetching ``digest`` (its cache key) is done (None: none)."""
-        return self._flights.get(digest)
+    def flight(self, fingerprint: bytes) -> asyncio.Event | None:
+        """Set when the identical call fetching ``fingerprint`` is done (None: none)."""
+        return self._flights.get(fingerprint)
 
-    def take_off(self, digest: bytes) -> asyncio.Event:
-        """This call fetches ``digest``; ``land`` it however it ends."""
-        event = self._flights[digest] = asyncio.Event()
+    def take_off(self, fingerprint: bytes) -> asyncio.Event:
+        """This call fetches ``fingerprint``; ``land`` it however it ends."""
+        event = self._flights[fingerprint] = asyncio.Event()
         return event
 
-    def land(self, digest: bytes, event: asyncio.Event) -> None:
-        if self._flights.get(digest) is event:
-            del self._flights[digest]
+    def land(self, fingerprint: bytes, event: asyncio.Event) -> None:
+        if self._flights.get(fingerprint) is event:
+            del self._flights[fingerprint]
         event.set()
 
     def configure(self, models: Mapping[str, ModelRoute]) -> None:
@@ -149,35 +150,35 @@ class ResponseCache:
         return (call.model in self._caches and call.kind in CACHED_KINDS
                 and deterministic(call.body))
 
-    def get(self, model: str, digest: bytes) -> Entry | None:
+    def get(self, model: str, fingerprint: bytes) -> Entry | None:
         """This replica's entry (no I/O)."""
         found = self._caches.get(model)  # a model with only a semantic cache has none
-        kept = None if found is None else found[1].get(digest)
+        kept = None if found is None else found[1].get(fingerprint)
         return None if kept is None else kept[0]
 
-    async def recall(self, model: str, digest: bytes) -> Entry | None:
+    async def recall(self, model: str, fingerprint: bytes) -> Entry | None:
         """The fleet's entry (one round trip to Redis; None without it, or when it fails),
         kept here too until it expires there."""
         if self._shared is None:
             return None
         asked = self._clock.now()  # Redis' seconds left count from after this
-        found = await self._shared.recall(digest)
+        found = await self._shared.recall(fingerprint)
         cache = self._caches.get(model)
         entry = None if found is None else unpack(found[0])
         if found is None or entry is None or cache is None:
             return None
         settings, local = cache
-        local[digest] = (entry, asked + min(settings.ttl_s, found[1]))
+        local[fingerprint] = (entry, asked + min(settings.ttl_s, found[1]))
         return entry
 
-    def put(self, model: str, digest: bytes, entry: Entry) -> None:
+    def put(self, model: str, fingerprint: bytes, entry: Entry) -> None:
         found = self._caches.get(model)
         if found is None or len(entry.answer) > MAX_ENTRY_BYTES:
             return
         settings, local = found
-        local[digest] = (entry, self._clock.now() + settings.ttl_s)
+        local[fingerprint] = (entry, self._clock.now() + settings.ttl_s)
         if self._shared is not None:
-            self._shared.keep(model, digest, pack(entry), settings.ttl_s,
+            self._shared.keep(model, fingerprint, pack(entry), settings.ttl_s,
                               settings.max_entries)
 
     def size(self, model: str) -> int:

@@ -46,7 +46,7 @@ from .accounting import record_usage
 from .answers import cached, find_home, follow, recalled, remember
 from .auth import ON_BEHALF
 from .budget import arrival, charge, hold, reserve
-from .cache import MAX_ENTRY_BYTES, Entry, assemble, cache_key
+from .cache import MAX_ENTRY_BYTES, Entry, assemble, fingerprint_of
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, settle_key, take_key
 from .semantic import Pending
@@ -65,7 +65,7 @@ class Exchange:
     attempts: Attempts
     answer: web.StreamResponse | None = None
     failure: web.Response | None = None  # the last upstream failure, kept to pass through
-    cache_key: bytes | None = None  # a cacheable call that missed: its answer is kept
+    fingerprint: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
     semantic: Pending | None = None  # a semantic cache miss: its answer is kept
     reservation: Reservation | None = None  # the attempt's hold on its key's budget
@@ -99,7 +99,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     exchange = Exchange(request, plan, Attempts(service.engine, plan))
     flight: asyncio.Event | None = None
     if service.cache.applies(call):
-        exchange.cache_key = cache_key(principal.name, call)
+        exchange.fingerprint = fingerprint_of(principal.name, call)
         record.cache = "miss"
         hit = cached(service, exchange, plan.tier_name) or await follow(service, exchange)
         if hit is not None:
@@ -110,15 +110,16 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
         if isinstance(found, web.Response):
             return found
         if found is not None:  # a miss: its answer is kept whole (in _send)
-            exchange.semantic, exchange.cache_key = found, exchange.cache_key or found.digest
-    key = exchange.cache_key
-    if key is not None and service.cache.applies(call):
+            exchange.semantic = found
+            exchange.fingerprint = exchange.fingerprint or found.fingerprint
+    fingerprint = exchange.fingerprint
+    if fingerprint is not None and service.cache.applies(call):
         if looked:  # an identical call may have taken off while this one looked by meaning
             hit = await follow(service, exchange)
             if hit is not None:
                 return hit
-        if service.cache.flight(key) is None:
-            flight = service.cache.take_off(key)
+        if service.cache.flight(fingerprint) is None:
+            flight = service.cache.take_off(fingerprint)
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:
@@ -126,7 +127,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             hit = await recalled(service, exchange)
             if hit is not None:
                 return hit
-        if exchange.cache_key is not None and service.cache.applies(call):
+        if exchange.fingerprint is not None and service.cache.applies(call):
             service.metrics.cache_lookups.get(call.model, "miss").inc()
         arrival(service, plan)
         key_taken = service.shared.shared and await take_key(service, principal, plan)
@@ -137,8 +138,8 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             raise ShuttingDown() from None  # ended by the drain, not by the client: a 503
         raise
     finally:
-        if flight is not None and exchange.cache_key is not None:
-            service.cache.land(exchange.cache_key, flight)
+        if flight is not None and exchange.fingerprint is not None:
+            service.cache.land(exchange.fingerprint, flight)
         record.queue_s = exchange.attempts.queue_s
         in_flight = exchange.attempts.deployment
         if in_flight is not None:  # the client left (or an error escaped) mid-attempt
@@ -322,8 +323,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
         if status in (429, 498) or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)
         headers = answer_headers(request, tier_name, exchange.attempts, deployment, response)
-        key = exchange.cache_key
-        if key is not None:
+        fingerprint = exchange.fingerprint
+        if fingerprint is not None:
             headers["x-proxy-cache"] = "miss"
         if not call.stream or status != 200:
             data = await response.read()
@@ -331,9 +332,9 @@ async def _send(service: Service, exchange: Exchange, path: str,
             prompt, completion, response_id, served_at = _answer_facts(data) if (
                 status == 200) else (None, None, None, None)
             remember(service, call, response_id, deployment)
-            if key is not None and status == 200:
+            if fingerprint is not None and status == 200:
                 entry = Entry(data, deployment.id, _count(prompt), _count(completion))
-                service.cache.put(call.model, key, entry)
+                service.cache.put(call.model, fingerprint, entry)
                 service.semantic.keep(exchange.semantic, entry)
             return Result(SUCCESS, status=status, prompt_tokens=prompt,
                           completion_tokens=completion, service_tier=served_at)
@@ -345,14 +346,14 @@ async def _send(service: Service, exchange: Exchange, path: str,
         ttft = service.clock.now() - started
         exchange.answer, result = await relay(service, request, headers, deployment, response,
                                               chunks, first, strip_usage,
-                                              keep_bytes=MAX_ENTRY_BYTES if key else 0)
+                                              keep_bytes=MAX_ENTRY_BYTES if fingerprint else 0)
         remember(service, call, result.response_id, deployment)
         whole = (assemble(call.kind, result.kept)
                  if result.kept and result.verdict is SUCCESS else None)
-        if key is not None and whole is not None:
+        if fingerprint is not None and whole is not None:
             entry = Entry(whole, deployment.id, _count(result.prompt_tokens),
                           _count(result.completion_tokens))
-            service.cache.put(call.model, key, entry)
+            service.cache.put(call.model, fingerprint, entry)
             service.semantic.keep(exchange.semantic, entry)
         return Result(result.verdict, status=200, committed=True,
                       prompt_tokens=result.prompt_tokens,

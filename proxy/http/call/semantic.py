@@ -32,7 +32,7 @@ from ..base.edge import Incoming
 from ..base.metrics import Metrics
 from ..upstream.upstream import HttpUpstream, UpstreamRequest
 from .auth import ON_BEHALF
-from .cache import Entry, cache_key
+from .cache import Entry, fingerprint_of
 from .kept import kept_answer
 
 if TYPE_CHECKING:
@@ -49,11 +49,12 @@ CONNECT_S = 2.0
 class Pending:
     """A call that missed: its answer, once there is one, is kept under its vector."""
 
-    __slots__ = ("digest", "model", "scope", "vector")
+    __slots__ = ("fingerprint", "model", "scope", "vector")
 
-    def __init__(self, model: str, scope: bytes, vector: list[float], digest: bytes) -> None:
+    def __init__(self, model: str, scope: bytes, vector: list[float],
+                 fingerprint: bytes) -> None:
         self.model, self.scope, self.vector = model, scope, vector
-        self.digest = digest  # the exact cache's key of the call
+        self.fingerprint = fingerprint  # the response cache's, of the call
 
 
 class SemanticCache:
@@ -147,7 +148,7 @@ class SemanticCache:
         if found is None or found[0] < settings.threshold:
             metrics.semantic_lookups.get(call.model, "miss").inc()
             request[RECORD].cache = "semantic_miss"
-            return Pending(call.model, asked.scope, vector, cache_key(key_name, call))
+            return Pending(call.model, asked.scope, vector, fingerprint_of(key_name, call))
         metrics.semantic_lookups.get(call.model, "hit").inc()
         return _answer(request, call, tier_name, found[1], found[0],
                        self._clock.now() - started)
