@@ -1,7 +1,7 @@
 """Headroom: free slots held for more urgent arrivals, adaptive and fixed.
 
-Most scenarios here give the holds an unlimited budget (``headroom_budget=1``) to test
-their sizing and lapses alone; the budget has its own tests at the end."""
+Most scenarios here give the holds an unlimited allowance (``headroom_budget=1``) to test
+their sizing and lapses alone; the allowance has its own tests at the end."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.scheduling.headroom import BUDGET_HORIZON_S, Headroom
+from proxy.core.scheduling.headroom import ALLOWANCE_HORIZON_S, Headroom
 from proxy.core.scheduling.scheduler import SchedulerSettings, Ticket, TicketState, TierSpec
 from tests.scheduler_kit import FOUR, Kit, ticket
 
@@ -103,11 +103,11 @@ def simulate_urgent_vs_batch(urgent_every: float, **settings: object) -> tuple[l
     return sorted(waits), batch_s / (4 * horizon)
 
 
-def test_headroom_protects_short_urgent_calls_from_long_jobs_as_far_as_its_budget_goes() -> None:
+def test_headroom_protects_short_urgent_calls_from_long_jobs_as_far_as_its_allowance_goes() -> None:
     """Urgent 0.5 s calls every 2 s beside 20 s batch calls on 4 slots: holding one slot
-    for them costs most of a slot. Given a budget of a quarter of the capacity the
+    for them costs most of a slot. Given an allowance of a quarter of the capacity the
     headroom cuts the urgent p99 wait to a small fraction of what it is with no headroom;
-    with the default budget it costs the batch tier no more than that budget."""
+    with the default allowance it costs the batch tier no more than that allowance."""
     bare_waits, bare_share = simulate_urgent_vs_batch(2.0, headroom_spread=None)
     waits, batch_share = simulate_urgent_vs_batch(2.0, headroom_budget=0.25)
     _, default_share = simulate_urgent_vs_batch(2.0)
@@ -276,12 +276,12 @@ def test_a_hold_lets_go_of_a_call_half_way_to_its_deadline_on_time() -> None:
     assert [d.ticket for d in k.advance(50.0).dispatches] == [held]
 
 
-def test_holds_stop_when_they_have_idled_their_budget() -> None:
-    """Holds that keep 3 of 4 slots free cost 75 % of the provider: with the default budget
+def test_holds_stop_when_they_have_idled_their_allowance() -> None:
+    """Holds that keep 3 of 4 slots free cost 75 % of the provider: with the default allowance
     (1.5 % of its slot-time, an EWMA over 30 s) they keep low calls out for about 0.6 s,
-    then let them in; with no budget at all they hold until the urgent flow goes quiet."""
+    then let them in; with no allowance at all they hold until the urgent flow goes quiet."""
     settings = SchedulerSettings(tiers=FOUR)
-    budget = settings.headroom_budget * 4 * BUDGET_HORIZON_S  # slot-seconds
+    allowance = settings.headroom_budget * 4 * ALLOWANCE_HORIZON_S  # slot-seconds
     for unlimited in (False, True):
         k = Kit({"p": 4}, **(UNLIMITED if unlimited else {}))
         now = k.urgent_flow(0.0, 20.0, every=0.2)
@@ -291,8 +291,8 @@ def test_holds_stop_when_they_have_idled_their_budget() -> None:
         assert sum(k.granted(t) for t in lows) == 1
         wakeup = k.s.next_wakeup(now)
         assert wakeup is not None
-        expected = now + BUDGET_HORIZON_S * math.log(3 * BUDGET_HORIZON_S / (
-            3 * BUDGET_HORIZON_S - budget))
+        expected = now + ALLOWANCE_HORIZON_S * math.log(3 * ALLOWANCE_HORIZON_S / (
+            3 * ALLOWANCE_HORIZON_S - allowance))
         if unlimited:
             assert wakeup > 20.0
         else:
@@ -352,16 +352,16 @@ def test_the_correction_starts_again_when_a_tier_comes_back_from_quiet() -> None
 
 @pytest.mark.parametrize(("spent", "held"), [(0.0, 8), (0.5, 8), (0.75, 4), (0.9, 2),
                                              (1.0, 0)])
-def test_holds_shrink_as_they_spend_their_budget(spent: float, held: int) -> None:
+def test_holds_shrink_as_they_spend_their_allowance(spent: float, held: int) -> None:
     """Five busy slots of urgent demand are staffed with 5 + sqrt(5): 8 slots, in full until
-    half of the budget is spent, then by what is left of it (twice that, at most 1): at
+    half of the allowance is spent, then by what is left of it (twice that, at most 1): at
     three quarters, half of 7.24 rounds up to 4."""
-    h = Headroom(4, 1.0, 30.0, SHARES, budget=0.1)
+    h = Headroom(4, 1.0, 30.0, SHARES, allowance=0.1)
     for i in range(300):
         h.record("p", 0, 0.5, i / 10)  # 10/s x 0.5 s for 30 s
     now = 30.0
     assert h.offered("p", 0, now) == pytest.approx(5.0, rel=0.03)
-    h._idle["p"] = [spent * 0.1 * 16 * BUDGET_HORIZON_S, now, 0.0]
+    h._idle["p"] = [spent * 0.1 * 16 * ALLOWANCE_HORIZON_S, now, 0.0]
     assert h.held_against("p", 3, now, [None] * 4, [0] * 4, 16) == held
 
 
@@ -369,23 +369,23 @@ def test_holds_shrink_as_they_spend_their_budget(spent: float, held: int) -> Non
                                    st.floats(0.05, 20.0)), min_size=1, max_size=30),
        spent=st.floats(0.0, 1.2), holding=st.integers(0, 3),
        capacity=st.integers(2, 12), running=st.tuples(st.integers(0, 3), st.integers(0, 3)),
-       tier=st.integers(1, 3), budget=st.sampled_from([0.01, 0.05, 0.2]),
+       tier=st.integers(1, 3), allowance=st.sampled_from([0.01, 0.05, 0.2]),
        gap=st.floats(0.0, 10.0))
 def test_a_hold_never_lapses_before_the_wakeup_it_gives(
         arrivals: list[tuple[float, int, float]], spent: float, holding: int,
-        capacity: int, running: tuple[int, int], tier: int, budget: float,
+        capacity: int, running: tuple[int, int], tier: int, allowance: float,
         gap: float) -> None:
     """Whatever the demand and the idle time spent: until the earlier of lapse_time and
-    budget_end, the slots held against a tier stay above the target they were asked for
-    (demand decays, the bias correction and what is left of the budget with it; a wake-up
+    allowance_end, the slots held against a tier stay above the target they were asked for
+    (demand decays, the bias correction and what is left of the allowance with it; a wake-up
     past the moment would leave a slot idle that a waiting call could use)."""
-    h = Headroom(4, 1.0, 30.0, SHARES, budget=budget)
+    h = Headroom(4, 1.0, 30.0, SHARES, allowance=allowance)
     now = 0.0
     for dt, urgent, service in arrivals:
         now += dt
         h.record("p", urgent, service, now)
-    # What holds idled so far (a fraction of the budget), and how many slots they keep now.
-    h._idle["p"] = [spent * budget * capacity * BUDGET_HORIZON_S, now, float(holding)]
+    # What holds idled so far (a fraction of the allowance), and how many slots they keep now.
+    h._idle["p"] = [spent * allowance * capacity * ALLOWANCE_HORIZON_S, now, float(holding)]
     now += gap
     busy = [*running, 0, 0]
     fixed: list[int | None] = [None] * 4
@@ -393,14 +393,14 @@ def test_a_hold_never_lapses_before_the_wakeup_it_gives(
     for target in range(before):
         lapse = h.lapse_time("p", tier, target, now, fixed, busy, capacity)
         assert lapse is not None
-        spent = h.budget_end("p", now, capacity)
+        spent = h.allowance_end("p", now, capacity)
         end = min(lapse, spent if spent is not None and spent > now else math.inf)
         for step in range(200):
             at = now + (end - now) * step / 200
             assert h.held_against("p", tier, at, fixed, busy, capacity) > target, (at, end)
 
 
-def test_a_budget_of_nothing_holds_nothing_from_the_first_call() -> None:
+def test_an_allowance_of_nothing_holds_nothing_from_the_first_call() -> None:
     """``headroom_budget: 0`` leaves no slot idle for adaptive holds, not even before any
     idle time has been counted; a fixed reserve still holds."""
     k = Kit({"p": 4}, headroom_budget=0.0)
@@ -420,9 +420,9 @@ def test_a_budget_of_nothing_holds_nothing_from_the_first_call() -> None:
 
 def test_a_pass_keeps_no_slot_free_that_its_own_bookkeeping_then_releases() -> None:
     """Found in review: urgent calls claiming 5 s every second (8 of 16 slots staffed), low
-    calls waiting for the rest, a pass every 0.25 s. A pass sized its holds by the budget
+    calls waiting for the rest, a pass every 0.25 s. A pass sized its holds by the allowance
     left at the pass before and then booked the idle time since: once over half the
-    budget was spent, the holds it left said one slot fewer than it kept free (7 free, 6
+    allowance was spent, the holds it left said one slot fewer than it kept free (7 free, 6
     held at t = 33.75 s), and no wake-up came for that slot for 3.9 s."""
     k = Kit({"p": 16}, headroom_budget=0.1)
     now = k.urgent_flow(0.0, 30.0, est=5.0, every=1.0)

@@ -275,8 +275,8 @@ TestSchedulerMachine = SchedulerMachine.TestCase
 
 
 def test_a_cut_that_ends_a_hold_lets_the_waiting_call_in() -> None:
-    """Found by the machine: the headroom's budget is a share of the provider's limit, so a
-    429 that cuts the limit can leave the holds past their budget at once; the call they
+    """Found by the machine: the headroom's allowance is a share of the provider's limit, so a
+    429 that cuts the limit can leave the holds past their allowance at once; the call they
     kept waiting must go then, not at the next wake-up."""
     state = SchedulerMachine()
     state.urgent_work_flows(est=3.0, budget=0.2, reserve=None)

@@ -24,20 +24,20 @@ those tiers' floors (their share of the slots, ``floors``, less what they run),
 so a hold never keeps a less urgent tier below its own floor; and never every slot of a
 provider: each tier can always use one.
 
-Holds cost capacity, so they have a budget: adaptive holds may leave at most ``budget``
-(``scheduler.headroom_budget``) of a provider's slot-time idle while a call waits (an EWMA
-over ``BUDGET_HORIZON_S``); past it they stop until the idle time decays under it. Where urgent
-calls refill the held slots at once (short, frequent calls), holds cost almost nothing and
-always apply; where urgent calls are rare beside long ones, they apply only as far as the
-budget goes. Holds shrink as they spend it: in full until half of the budget is spent, then
-in proportion to what is left (half-size at three quarters), so they ease off before they
-must stop instead of stopping all at once in the middle of a peak, which hands every slot
-the urgent tier gives back to long calls together. (What is spent, for that, is the idle
-time booked when the provider's last scheduling pass began, decayed since: it only falls
-between passes, so holds only grow between them, and a wake-up computed now is never
-late. Between passes nothing eases: with no event while slots are held, holds stop at
-once when the budget is spent, as before.) A fixed ``reserve`` is what the table says,
-whatever it costs.
+Holds cost capacity, so they have an allowance: adaptive holds may leave at most
+``allowance`` (``scheduler.headroom_budget``) of a provider's slot-time idle while a call
+waits (an EWMA over ``ALLOWANCE_HORIZON_S``); past it they stop until the idle time decays
+under it. Where urgent calls refill the held slots at once (short, frequent calls), holds
+cost almost nothing and always apply; where urgent calls are rare beside long ones, they
+apply only as far as the allowance goes. Holds shrink as they spend it: in full until half
+of the allowance is spent, then in proportion to what is left (half-size at three
+quarters), so they ease off before they must stop instead of stopping all at once in the
+middle of a peak, which hands every slot the urgent tier gives back to long calls together.
+(What is spent, for that, is the idle time booked when the provider's last scheduling pass
+began, decayed since: it only falls between passes, so holds only grow between them, and a
+wake-up computed now is never late. Between passes nothing eases: with no event while slots
+are held, holds stop at once when the allowance is spent, as before.) A fixed ``reserve``
+is what the table says, whatever it costs.
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ _QUIET_GAPS = 6.0
 # 1 / (1 - e^(-2/3)) = 2.05x (20 s at a horizon of 30 s), whatever the horizon.
 _WARM_MIN_AGE = 2.0 / 3.0
 # What adaptive holds left idle is an EWMA over this long.
-BUDGET_HORIZON_S = 30.0
+ALLOWANCE_HORIZON_S = 30.0
 
 
 class Headroom:
     def __init__(self, tiers: int, spread: float | None, horizon_s: float,
-                 shares: Sequence[float], budget: float = 1.0) -> None:
+                 shares: Sequence[float], allowance: float = 1.0) -> None:
         self._tiers = tiers
         self._spread = spread
-        self._budget = budget
+        self._allowance = allowance
         self._horizon = horizon_s
         self.shares = list(shares)
         self._load: dict[str, list[float]] = {}
@@ -92,26 +92,26 @@ class Headroom:
 
     def settle(self, provider: str, now: float) -> None:
         """A scheduling pass starts: book the idle time the slots held since the last one
-        added, so the pass sizes its holds by the budget left as the next pass will see it
+        added, so the pass sizes its holds by the allowance left as the next pass will see it
         (else, once note_idle has booked it, held_against says less than the pass kept
         free, and no wake-up comes for the slot in between)."""
         entry = self._idle.get(provider)
         if entry is not None and entry[2]:
             self.note_idle(provider, now, int(entry[2]))
 
-    def budget_end(self, provider: str, now: float, capacity: int) -> float | None:
-        """When the slots held now would spend the budget (None: they never would)."""
+    def allowance_end(self, provider: str, now: float, capacity: int) -> float | None:
+        """When the slots held now would spend the allowance (None: they never would)."""
         entry = self._idle.get(provider)
         if entry is None or not entry[2]:
             return None
-        budget = self._budget * capacity * BUDGET_HORIZON_S
-        steady = entry[2] * BUDGET_HORIZON_S  # what holding them for ever tends to
+        allowance = self._allowance * capacity * ALLOWANCE_HORIZON_S
+        steady = entry[2] * ALLOWANCE_HORIZON_S  # what holding them for ever tends to
         idle = _idle_at(entry, now)
-        if steady <= budget:
+        if steady <= allowance:
             return None
-        if idle >= budget:
+        if idle >= allowance:
             return now
-        return now + BUDGET_HORIZON_S * math.log((idle - steady) / (budget - steady)) + (
+        return now + ALLOWANCE_HORIZON_S * math.log((idle - steady) / (allowance - steady)) + (
             _LAPSE_MARGIN_S)
 
     def record(self, provider: str, tier: int, service_s: float, now: float) -> None:
@@ -252,20 +252,20 @@ class Headroom:
         return latest
 
     def _left(self, provider: str, now: float, capacity: int) -> float:
-        """The fraction of their size adaptive holds keep: 1.0 until half of the budget
+        """The fraction of their size adaptive holds keep: 1.0 until half of the allowance
         is spent, then in proportion to what is left of it; 0.0 with no adaptive holds
-        (none configured, or the slots held now have spent the budget)."""
-        budget = self._budget * capacity * BUDGET_HORIZON_S
-        if self._spread is None or budget <= 0.0:
+        (none configured, or the slots held now have spent the allowance)."""
+        allowance = self._allowance * capacity * ALLOWANCE_HORIZON_S
+        if self._spread is None or allowance <= 0.0:
             return 0.0
         entry = self._idle.get(provider)
         if entry is None:
             return 1.0
-        decay = math.exp(-(now - entry[1]) / BUDGET_HORIZON_S)
+        decay = math.exp(-(now - entry[1]) / ALLOWANCE_HORIZON_S)
         past = entry[0] * decay
-        if past + entry[2] * BUDGET_HORIZON_S * (1.0 - decay) >= budget:  # as _idle_at
+        if past + entry[2] * ALLOWANCE_HORIZON_S * (1.0 - decay) >= allowance:  # as _idle_at
             return 0.0
-        left = 2.0 * (1.0 - past / budget)
+        left = 2.0 * (1.0 - past / allowance)
         return left if left < 1.0 else 1.0
 
     def _hold(self, fixed: int | None, load: float, busy: int, floor_slots: float,
@@ -288,5 +288,5 @@ class Headroom:
 def _idle_at(entry: list[float], now: float) -> float:
     """The EWMA of idle slot-seconds at ``now``: what it was at its stamp, decayed, plus
     what the slots held since then added."""
-    decay = math.exp(-(now - entry[1]) / BUDGET_HORIZON_S)
-    return entry[0] * decay + entry[2] * BUDGET_HORIZON_S * (1.0 - decay)
+    decay = math.exp(-(now - entry[1]) / ALLOWANCE_HORIZON_S)
+    return entry[0] * decay + entry[2] * ALLOWANCE_HORIZON_S * (1.0 - decay)

@@ -160,7 +160,7 @@ class Policy:
                 ticket.paced_in, ticket.paced_as = paced, counted
                 return head
         # Keep the slot for the more urgent arrivals the headroom expects; note how many of
-        # the free slots the adaptive part keeps (its budget counts what it idles; what a
+        # the free slots the adaptive part keeps (its allowance counts what it idles; what a
         # fixed reserve keeps is free of it).
         fixed = headroom.held_against(pool.name, urgent, now, reserves, running, limit,
                                       adaptive=False)
@@ -358,14 +358,14 @@ class Policy:
 
     def hold_lapse(self, pool: Pool, tier: int, now: float) -> float | None:
         """When a hold on ``pool``'s free slots against ``tier`` may next stop applying:
-        it lapses, its budget is spent, or the tier's most pressed call has used
+        it lapses, its allowance is spent, or the tier's most pressed call has used
         ``HOLD_PATIENCE`` of its wait."""
         free = pool.free(now)
         soonest = self._headroom.lapse_time(pool.name, tier, free - 1, now, self.reserves,
                                             pool.running, pool.limit)
         if soonest is not None and soonest <= now:
             soonest = None
-        spent = self._headroom.budget_end(pool.name, now, pool.limit)
+        spent = self._headroom.allowance_end(pool.name, now, pool.limit)
         if spent is not None and spent > now and free > self._headroom.held_against(
                 pool.name, tier, now, self.reserves, pool.running, pool.limit, adaptive=False):
             soonest = spent if soonest is None else min(soonest, spent)

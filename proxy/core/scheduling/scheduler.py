@@ -289,7 +289,7 @@ class Scheduler:
 
     def cut(self, pool: str, now: float, bore: int) -> None:
         """A 429 while ``bore`` other calls ran there: the provider's limit comes down to
-        that and grows back by itself (``Pool.cut``); the headroom's budget with it."""
+        that and grows back by itself (``Pool.cut``); the headroom's allowance with it."""
         self._fill(self._capacity.cut(pool, now, bore), now)
 
     def pause(self, target: str, until: float, now: float) -> None:

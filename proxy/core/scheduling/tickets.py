@@ -48,9 +48,9 @@ class SchedulerSettings:
       ``headroom_spread`` times ``sqrt(a)`` (square-root staffing), less those they run
       (``headroom``); an EWMA over ``headroom_horizon_s``. None: no adaptive
       headroom (fixed ``reserve`` only).
-    - ``headroom_budget``: the share of a provider's slot-time that adaptive holds may leave
-      idle while calls wait (an EWMA over ``BUDGET_HORIZON_S``); past it they stop until
-      the idle time decays under it.
+    - ``headroom_budget``: the headroom's allowance, the share of a provider's slot-time
+      that adaptive holds may leave idle while calls wait (an EWMA over
+      ``ALLOWANCE_HORIZON_S``); past it they stop until the idle time decays under it.
     - ``rescue_fraction``: a call with less than this fraction of its tier's ``max_wait_s``
       left is *at risk*: it goes before the other calls of its tier, whatever their level
       or key, in deadline order (never before another tier's floor).
