@@ -2,7 +2,7 @@
 
 1. Retry amplification: every call against an upstream that always answers 503, at a
    steady rate; upstream attempts per client call, with the default breaker and with the
-   breaker switched off (the retry budget alone).
+   breaker switched off (the retry allowance alone).
 2. A dead provider: calls at a steady rate on an ordered chain primary → backup; the
    primary starts refusing connections, later comes back. Time until the breaker opens,
    calls that failed or slowed meanwhile, and time until traffic returns after recovery.

@@ -145,19 +145,19 @@ def test_a_5xx_moves_to_the_next_candidate_then_passes_the_last_answer_through()
     assert call.finish(0.2, Verdict.FAILURE, status=500) == PassThrough()
 
 
-def test_a_failed_only_candidate_is_tried_again_after_a_backoff_within_the_budget() -> None:
+def test_a_failed_only_candidate_is_tried_again_after_a_backoff_within_the_allowance() -> None:
     engine = engine_for(config_from([sim("a")], {"m": [{"provider": "a", "model": "x"}]}))
     call = Call(engine)
     call.queue(0.0)
     command = call.finish(0.1, Verdict.FAILURE, error=UpstreamConnectError("refused"))
     assert isinstance(command, Wait) and 0.1 <= command.until <= 0.1 + 0.25
     call.command = call.attempts.resume(command.until)
-    assert isinstance(call.queue(command.until), Send)  # the budget allows one re-try
+    assert isinstance(call.queue(command.until), Send)  # the retry allowance allows one re-try
     command = call.finish(command.until + 0.1, Verdict.FAILURE,
                           error=UpstreamConnectError("refused"))
     assert isinstance(command, Wait)
     call.command = call.attempts.resume(command.until)
-    command = call.queue(command.until)  # the budget is spent: the last error stands
+    command = call.queue(command.until)  # the retry allowance is spent: the last error stands
     assert isinstance(command, Fail) and isinstance(command.error, UpstreamConnectError)
 
 

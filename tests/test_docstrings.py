@@ -69,7 +69,7 @@ def test_every_module_a_docstring_or_comment_names_exists(path: Path) -> None:
 def test_the_check_sees_the_references_and_the_stale_ones() -> None:
     seen = sum(len(references(path)) for path in SOURCES)
     assert seen > 40  # the scan reads the prose at all
-    assert resolves("proxy.core.call.retry.RetryBudget") and resolves("proxy.state")
+    assert resolves("proxy.core.call.retry.RetryAllowance") and resolves("proxy.state")
     assert not resolves("proxy.retry") and not resolves("proxy.core.call.retry.Missing")
     text = ('"""Old homes: ``proxy.middleware`` and proxy/scheduler.py; not proxy.corp:3128,\n'
             'nor the proxy. Also ``proxy.core.scheduling.floors``."""\n# see proxy.errors\n')

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from proxy.core.call.classify import Principal
-from proxy.core.call.retry import RetryBudget
+from proxy.core.call.retry import RetryAllowance
 from proxy.core.call.route import Deployment
 from proxy.core.health.breaker import BreakerSettings
 from proxy.core.health.fleet import Fleet, Start, Verdict
@@ -17,14 +17,14 @@ from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket
 DEPLOYMENT = Deployment("p", "m")
 
 
-def fleet(rpm: int | None = None, tpm: int | None = None, budget: float = 0.2,
+def fleet(rpm: int | None = None, tpm: int | None = None, retry_ratio: float = 0.2,
           breaker: BreakerSettings | None = None) -> tuple[Fleet, Scheduler]:
     provider = Provider("p", "openai", 4, rpm=rpm, tpm=tpm,
                         breaker=breaker or BreakerSettings())
     scheduler = Scheduler(SchedulerSettings(tiers=(TierSpec("only"),)), {"p": 4},
                           {DEPLOYMENT.id: "p"})
     key = Principal("k", rpm=2, tpm=1000)
-    return Fleet(scheduler, {"p": provider}, [DEPLOYMENT], [key], budget,
+    return Fleet(scheduler, {"p": provider}, [DEPLOYMENT], [key], retry_ratio,
                  random.Random(0)), scheduler
 
 
@@ -39,10 +39,10 @@ def test_an_open_breaker_takes_nothing_from_the_buckets() -> None:
     assert requests.available(0.2) == pytest.approx(0.0, abs=0.01)  # the one call
 
 
-def test_a_retry_the_budget_refuses_gives_its_tokens_back() -> None:
-    f, _ = fleet(tpm=1000, budget=0.0)
-    f.retry_budgets["p"] = RetryBudget(ratio=0.0, min_per_s=0.0)
-    assert f.begin(DEPLOYMENT, True, 600, 0.0) is Start.BUDGET_SPENT
+def test_a_retry_the_allowance_refuses_gives_its_tokens_back() -> None:
+    f, _ = fleet(tpm=1000, retry_ratio=0.0)
+    f.retry_allowances["p"] = RetryAllowance(ratio=0.0, min_per_s=0.0)
+    assert f.begin(DEPLOYMENT, True, 600, 0.0) is Start.RETRIES_SPENT
     tokens = f.provider_rates["p"].tokens
     assert tokens is not None and tokens.available(0.0) == 1000
 

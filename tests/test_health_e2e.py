@@ -1,4 +1,4 @@
-"""Provider health over real sockets: breakers, retry budget, adaptive concurrency, rate
+"""Provider health over real sockets: breakers, retry allowance, adaptive concurrency, rate
 limits, routing strategies and provider kinds."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def test_breaker_opens_then_answers_fast_503_with_retry_after(
     assert 'proxy_breaker_state{deployment="dead/x",provider="dead"} 2.0' in metrics
 
 
-async def test_retries_against_an_always_failing_upstream_stay_within_the_budget(
+async def test_retries_against_an_always_failing_upstream_stay_within_the_allowance(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
     dead = FakeUpstream(default="500")
@@ -75,7 +75,7 @@ async def test_retries_against_an_always_failing_upstream_stay_within_the_budget
     calls = 100
     for _ in range(calls):
         await client.post("/v1/chat/completions", json=CHAT)
-    # 20 % budget, plus the small floor the budget keeps for quiet providers.
+    # 20 % allowance (retry.budget), plus the small floor the allowance keeps for quiet providers.
     assert calls < len(dead.seen) <= calls * 1.2 + 3
 
 

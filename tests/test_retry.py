@@ -6,33 +6,33 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.call.retry import RetryBudget, backoff_s, parse_retry_after
+from proxy.core.call.retry import RetryAllowance, backoff_s, parse_retry_after
 
 
-def test_retry_budget_allows_its_ratio() -> None:
-    budget = RetryBudget(ratio=0.2, min_per_s=0.0, window_s=10.0)
+def test_retry_allowance_allows_its_ratio() -> None:
+    allowance = RetryAllowance(ratio=0.2, min_per_s=0.0, window_s=10.0)
     for _ in range(10):
-        budget.on_call(0.0)
-    assert [budget.try_retry(0.0) for _ in range(4)] == [True, True, False, False]
-    assert budget.available(0.0) == 0.0
+        allowance.on_call(0.0)
+    assert [allowance.try_retry(0.0) for _ in range(4)] == [True, True, False, False]
+    assert allowance.available(0.0) == 0.0
 
 
 def test_a_quiet_provider_can_still_retry_once() -> None:
-    budget = RetryBudget(ratio=0.2, min_per_s=0.1, window_s=10.0)
-    budget.on_call(0.0)
-    assert budget.try_retry(0.0)
-    assert not budget.try_retry(0.0)
+    allowance = RetryAllowance(ratio=0.2, min_per_s=0.1, window_s=10.0)
+    allowance.on_call(0.0)
+    assert allowance.try_retry(0.0)
+    assert not allowance.try_retry(0.0)
 
 
-def test_retry_budget_recovers_as_the_window_moves() -> None:
-    budget = RetryBudget(ratio=0.5, min_per_s=0.0, window_s=10.0)
-    budget.on_call(0.0)
-    budget.on_call(0.0)
-    assert budget.try_retry(0.0)
-    assert not budget.try_retry(5.0)
-    budget.on_call(12.0)
-    budget.on_call(12.0)
-    assert budget.try_retry(12.0)  # the old calls and the old retry have both left
+def test_retry_allowance_recovers_as_the_window_moves() -> None:
+    allowance = RetryAllowance(ratio=0.5, min_per_s=0.0, window_s=10.0)
+    allowance.on_call(0.0)
+    allowance.on_call(0.0)
+    assert allowance.try_retry(0.0)
+    assert not allowance.try_retry(5.0)
+    allowance.on_call(12.0)
+    allowance.on_call(12.0)
+    assert allowance.try_retry(12.0)  # the old calls and the old retry have both left
 
 
 @settings(max_examples=200, deadline=None)
@@ -47,13 +47,13 @@ def test_retries_never_exceed_the_ratio_within_a_window(
     events: list[tuple[str, float]], ratio: float, min_per_s: float
 ) -> None:
     """Within one window, granted retries <= ratio * calls + the reserve floor."""
-    budget = RetryBudget(ratio=ratio, min_per_s=min_per_s, window_s=10.0)
+    allowance = RetryAllowance(ratio=ratio, min_per_s=min_per_s, window_s=10.0)
     calls = retries = 0
     for kind, now in sorted(events, key=lambda e: e[1]):
         if kind == "call":
-            budget.on_call(now)
+            allowance.on_call(now)
             calls += 1
-        elif budget.try_retry(now):
+        elif allowance.try_retry(now):
             retries += 1
         assert retries <= ratio * calls + min_per_s * 10.0 + 1e-9
 
@@ -73,14 +73,14 @@ def test_retries_stay_within_the_ratio_over_any_run(
 
     Credit cannot be spent twice: a retry stays in the window at least as long as the calls
     that paid for it."""
-    budget = RetryBudget(ratio=ratio, min_per_s=min_per_s, window_s=10.0)
+    allowance = RetryAllowance(ratio=ratio, min_per_s=min_per_s, window_s=10.0)
     now, calls, retries = 0.0, 0, 0
     for is_call, gap, wanted in events:
         now += gap
         if is_call:
-            budget.on_call(now)
+            allowance.on_call(now)
             calls += 1
-        retries += sum(budget.try_retry(now) for _ in range(wanted))
+        retries += sum(allowance.try_retry(now) for _ in range(wanted))
     windows = now // 10.0 + 1
     assert retries <= ratio * calls + min_per_s * 10.0 * windows + 1e-9
 
@@ -89,13 +89,13 @@ def test_retries_stay_within_the_ratio_over_any_run(
 def test_amplification_under_an_always_failing_upstream(rate_per_s: float) -> None:
     """Each call fails and would retry twice: attempts per call approach 1 + ratio."""
     rng = random.Random(1)
-    budget = RetryBudget()
+    allowance = RetryAllowance()
     now, calls, attempts = 0.0, 0, 0
     while now < 300.0:
         now += rng.expovariate(rate_per_s)
-        budget.on_call(now)
+        allowance.on_call(now)
         calls += 1
-        attempts += 1 + sum(budget.try_retry(now) for _ in range(2))
+        attempts += 1 + sum(allowance.try_retry(now) for _ in range(2))
     assert attempts / calls <= 1.2 + 0.1 * 10.0 * (300.0 / 10.0 + 1) / calls + 1e-9
 
 

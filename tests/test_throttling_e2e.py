@@ -174,7 +174,7 @@ async def test_the_sdk_sees_a_throttled_call_succeed_and_a_hopeless_one_time_out
 async def test_a_429_is_never_what_the_client_gets_even_when_the_call_gives_up(
     aiohttp_server: Factory, aiohttp_client: Factory, counter: TokenCounter
 ) -> None:
-    """A 500, a re-try that draws a 429, then the retry budget is spent: the client gets
+    """A 500, a re-try that draws a 429, then the retry allowance is spent: the client gets
     the upstream's 500, never its 429."""
     fake = FakeUpstream(retry_after_ms="10")
     fake.script.extend(["500", "429"])

@@ -10,7 +10,7 @@ A driver (``proxy.http.call.forward`` over sockets, or a simulator on a virtual 
                │                            ├─ flex 429 "resource unavailable": queued
                │                            │        again, sent without service_tier
                │                            ├─ 5xx, timeout: the next candidate, or the same
-               └── Wait(backoff) ◀──────────┤        one after a backoff (retry budget)
+               └── Wait(backoff) ◀──────────┤        one after a backoff (retry allowance)
                                             └─ 401/403: the next candidate, else 502
                                                      upstream_auth_error
 
@@ -287,7 +287,7 @@ class Attempts:
         if fresh:
             return self._degrade(fresh, now)
         # Only deployments that already failed this call are left: the same provider again
-        # after a backoff, if the deadline leaves room (the retry budget is asked at grant).
+        # after a backoff, if the deadline leaves room (the retry allowance is asked at grant).
         last = self.last
         pause = backoff_s(self.attempts, engine.rng, base=engine.retry.backoff_base_s,
                           cap=engine.retry.backoff_max_s,

@@ -1,6 +1,6 @@
 """Retry policy as pure functions of ``now`` and an injected ``random.Random``.
 
-- ``RetryBudget``: retries stay within a fraction of first attempts, per provider.
+- ``RetryAllowance``: retries stay within a fraction of first attempts, per provider.
 - ``backoff_s``: exponential backoff with full jitter that honours ``retry-after``.
 - ``parse_retry_after``: ``retry-after-ms`` / ``retry-after`` as the upstream sent them.
 """
@@ -20,12 +20,12 @@ from ..health.limits import EPSILON, RollingCounts, lowercase_keys
 @dataclass(frozen=True)
 class RetrySettings:
     max_attempts: int = 3  # upstream attempts per call, the first one included
-    budget: float = 0.2  # retries per provider as a fraction of its calls
+    budget: float = 0.2  # each provider's RetryAllowance: retries as a fraction of its calls
     backoff_base_s: float = 0.25
     backoff_max_s: float = 8.0
 
 
-class RetryBudget:
+class RetryAllowance:
     """Retries within ``ratio`` of first attempts over a rolling window.
 
     Call ``on_call`` for each first attempt only (not for retries), and ``try_retry`` before

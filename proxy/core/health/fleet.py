@@ -11,7 +11,7 @@
   refunded or reconciled with the actual usage afterwards; a spent bucket pauses the
   provider until it refills. A key's own buckets work the same way, taken when its call
   is admitted.
-- A retry budget per provider keeps re-tries within a fraction of first attempts.
+- A retry allowance per provider keeps re-tries within a fraction of first attempts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from ..call.classify import Principal
-from ..call.retry import RetryBudget
+from ..call.retry import RetryAllowance
 from ..call.route import Deployment
 from ..scheduling.scheduler import Scheduler
 from .breaker import CLOSED, OPEN, Breaker, BreakerState
@@ -56,7 +56,7 @@ class Start(enum.Enum):
     GO = "go"
     RATE_LIMITED = "rate_limited"  # the provider's rpm/tpm is spent: it is paused, queue again
     DOWN = "down"  # the breaker opened while the call waited: route again
-    BUDGET_SPENT = "budget_spent"  # a re-try the provider's retry budget refuses
+    RETRIES_SPENT = "retries_spent"  # a re-try the provider's retry allowance refuses
 
 
 # The members under plain names, for the hot paths (why: see scheduling/tickets.py).
@@ -69,7 +69,7 @@ DECLINED: Final = Verdict.DECLINED
 GO: Final = Start.GO
 RATE_LIMITED: Final = Start.RATE_LIMITED
 DOWN: Final = Start.DOWN
-BUDGET_SPENT: Final = Start.BUDGET_SPENT
+RETRIES_SPENT: Final = Start.RETRIES_SPENT
 
 
 class Fleet:
@@ -79,7 +79,7 @@ class Fleet:
         providers: Mapping[str, Provider],
         deployments: Iterable[Deployment],
         principals: Iterable[Principal],
-        retry_budget: float,
+        retry_ratio: float,
         rng: random.Random,
         on_transition: TransitionHook | None = None,
     ) -> None:
@@ -87,16 +87,16 @@ class Fleet:
         self._rng = rng
         self._on_transition = on_transition
         self.breakers: dict[str, Breaker] = {}
-        self.retry_budgets: dict[str, RetryBudget] = {}
+        self.retry_allowances: dict[str, RetryAllowance] = {}
         self.provider_rates: dict[str, RateLimits] = {}
         self.key_rates: dict[str, RateLimits] = {}
         self._throttles: dict[str, int] = {}
-        self.reconfigure(providers, deployments, principals, retry_budget)
+        self.reconfigure(providers, deployments, principals, retry_ratio)
 
     def reconfigure(self, providers: Mapping[str, Provider], deployments: Iterable[Deployment],
-                    principals: Iterable[Principal], retry_budget: float) -> None:
+                    principals: Iterable[Principal], retry_ratio: float) -> None:
         """Providers, deployments and keys as configured now. What exists already keeps its
-        state (breakers, retry budgets, rpm/tpm buckets whose limits did not change);
+        state (breakers, retry allowances, rpm/tpm buckets whose limits did not change);
         nothing is forgotten, so a call still running on a provider that left the config
         finishes with it. ``providers`` must name every provider ever configured."""
         self._providers = providers
@@ -109,8 +109,8 @@ class Fleet:
             else:
                 breaker.retune(settings)
         for name, provider in providers.items():
-            budget = self.retry_budgets.setdefault(name, RetryBudget(ratio=retry_budget))
-            budget.ratio = retry_budget
+            allowance = self.retry_allowances.setdefault(name, RetryAllowance(ratio=retry_ratio))
+            allowance.ratio = retry_ratio
             self._keep_rates(self.provider_rates, name, provider.rpm, provider.tpm)
         for principal in principals:
             if principal.rpm is not None or principal.tpm is not None:
@@ -152,7 +152,7 @@ class Fleet:
 
     def begin(self, deployment: Deployment, retry: bool, tokens: int, now: float) -> Start:
         """A slot was granted for ``deployment``: may the call go? Takes the provider's
-        rpm/tpm share, a retry from its budget and a breaker probe, or nothing."""
+        rpm/tpm share, a retry from its allowance and a breaker probe, or nothing."""
         name = deployment.provider
         breaker = self.breakers[deployment.id]
         if breaker.down(now):
@@ -162,12 +162,12 @@ class Fleet:
         if wait_s > 0:
             self._scheduler.pause(name, now + wait_s, now)
             return RATE_LIMITED
-        budget = self.retry_budgets[name]
-        if retry and not budget.try_retry(now):
+        allowance = self.retry_allowances[name]
+        if retry and not allowance.try_retry(now):
             rates.refund(tokens, now)
-            return BUDGET_SPENT
+            return RETRIES_SPENT
         if not retry:
-            budget.on_call(now)
+            allowance.on_call(now)
         # Half-open, the scheduler's gate already admits no more calls than the breaker has
         # probes; acquiring here does the breaker's own probe accounting.
         breaker.acquire(now)

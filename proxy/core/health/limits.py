@@ -5,7 +5,7 @@
   the upstream's own ``x-ratelimit-*`` view, so a call waits instead of drawing a 429.
 
 Adaptive concurrency lives with the provider's slots, in ``proxy.core.scheduling.capacity``.
-Retry policy (budget, backoff, ``retry-after``) is in ``proxy.core.call.retry``.
+Retry policy (allowance, backoff, ``retry-after``) is in ``proxy.core.call.retry``.
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ class Service:
                     "limit": self.scheduler.capacity(name),
                     "inflight": self.scheduler.inflight(name),
                     "paused_for_s": providers[name]["paused_for_s"],
-                    "retry_budget": round(fleet.retry_budgets[name].available(now), 2),
+                    "retry_budget": round(fleet.retry_allowances[name].available(now), 2),
                     "egress": provider.egress.shown if provider.egress is not None else None,
                 }
                 for name, provider in self.config.providers.items()
