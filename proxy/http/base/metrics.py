@@ -208,7 +208,7 @@ class Metrics:
             "proxy_budget_spent_usd", "Spend of keys with a budget_usd in the current period.",
             ["key"], registry=r,
         ))
-        self.budget_limit = Family(Gauge(
+        self.budget_amount = Family(Gauge(
             "proxy_budget_usd", "The budget_usd amount of each key that has one.", ["key"],
             registry=r,
         ))

@@ -130,7 +130,7 @@ class Service:
         """Gauges read from the scheduler, for the configured tiers and providers."""
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
-                       metrics.budget_spent, metrics.budget_limit, metrics.cache_entries,
+                       metrics.budget_spent, metrics.budget_amount, metrics.cache_entries,
                        metrics.semantic_entries,
                        metrics.breaker_state):
             family.clear()
@@ -152,7 +152,7 @@ class Service:
                 metrics.semantic_entries.get(name).set_function(
                     functools.partial(self.semantic.size, name))
         for key, budget in self.budgets.budgets.items():
-            metrics.budget_limit.get(key).set(budget.amount_usd)
+            metrics.budget_amount.get(key).set(budget.amount_usd)
             metrics.budget_spent.get(key).set_function(functools.partial(self._spent, key))
         for route in config.models.values():
             for deployment in route.candidates:
