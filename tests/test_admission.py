@@ -55,7 +55,7 @@ async def within(awaitable: Awaitable[T], seconds: float = 2.0) -> T:
     return await asyncio.wait_for(awaitable, seconds)
 
 
-async def settle() -> None:
+async def spin() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
 
@@ -63,7 +63,7 @@ async def settle() -> None:
 def release(adm: Admission, t: Ticket) -> None:
     """The call holding ``t``'s slot finished (at the moment it was granted)."""
     adm.scheduler.release(t, t.dispatched_at)
-    adm.settle()
+    adm.act_on_decisions()
 
 
 async def granted(adm: Admission, t: Ticket) -> Ticket:
@@ -83,7 +83,7 @@ async def test_waiters_wake_in_dispatch_order() -> None:
         release(adm, t)
 
     tasks = [asyncio.create_task(call(t)) for t in (3, 1, 2, 0, 3)]
-    await settle()
+    await spin()
     assert order == [] and sum(s.depth(i) for i in range(4)) == 5
     release(adm, first)
     await within(asyncio.gather(*tasks))
@@ -97,7 +97,7 @@ async def test_cancelled_while_queued_leaves_no_ghost() -> None:
     first = await granted(adm, ticket(0))
     gone = ticket(1)
     task = asyncio.create_task(adm.wait(gone))
-    await settle()
+    await spin()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await within(task)
@@ -114,7 +114,7 @@ async def test_cancel_racing_with_dispatch_gives_the_slot_back(cancel_first: boo
     racer, patient = ticket(1), ticket(2)
     racing = asyncio.create_task(adm.wait(racer))
     waiting = asyncio.create_task(adm.wait(patient))
-    await settle()
+    await spin()
     if cancel_first:  # the waiter is cancelled, then its slot is granted before it runs
         racing.cancel()
         release(adm, first)
@@ -176,7 +176,7 @@ async def test_queue_full_and_eviction_are_decisions_with_retry_after() -> None:
     adm, _ = make(max_queue=1)
     first = await granted(adm, ticket(0))
     low = asyncio.create_task(adm.wait(ticket(3)))
-    await settle()
+    await spin()
     full = await within(adm.wait(ticket(3)))
     assert isinstance(full, Rejection) and full.code == "queue_full"
     assert full.retry_after_s >= 1
@@ -188,21 +188,21 @@ async def test_queue_full_and_eviction_are_decisions_with_retry_after() -> None:
     adm.close()
 
 
-async def test_core_changes_made_elsewhere_are_settled() -> None:
-    """A verdict, a breaker or a limit changes the scheduler outside the shell; ``settle``
-    wakes whoever that decided on."""
+async def test_core_changes_made_elsewhere_are_acted_on() -> None:
+    """A verdict, a breaker or a limit changes the scheduler outside the shell;
+    ``act_on_decisions`` wakes whoever that decided on."""
     clock = FakeClock()
     adm, s = make({"p": 1, "q": 0}, clock=clock)
     await granted(adm, ticket(0))
     on_q = asyncio.create_task(adm.wait(ticket(1, 1.0, ("q",))))
     on_p = asyncio.create_task(adm.wait(ticket(1)))
-    await settle()
+    await spin()
     s.set_max("q", 1, clock.now())
     assert not on_q.done()
-    adm.settle()
+    adm.act_on_decisions()
     assert isinstance(await within(on_q), Dispatch)
     s.set_max("p", 2, clock.now())
-    adm.settle()
+    adm.act_on_decisions()
     assert isinstance(await within(on_p), Dispatch)
     adm.close()
 
@@ -211,7 +211,7 @@ async def test_close_turns_waiters_away() -> None:
     adm, s = make()
     await granted(adm, ticket(0))
     waiting = asyncio.create_task(adm.wait(ticket(2)))
-    await settle()
+    await spin()
     adm.close()
     with pytest.raises(ShuttingDown):
         await within(waiting)
@@ -220,9 +220,9 @@ async def test_close_turns_waiters_away() -> None:
         await adm.wait(ticket(0))
 
 
-async def test_a_grant_left_unsettled_for_a_waiter_that_leaves_is_given_back_once() -> None:
+async def test_a_grant_not_acted_on_for_a_waiter_that_leaves_is_given_back_once() -> None:
     """Found in review: a core change made outside the shell (a quota pause) granted two
-    waiters; one left before the grants were settled. Its slot comes back once, and the
+    waiters; one left before the grants were acted on. Its slot comes back once, and the
     other waiter still gets its grant."""
     tiers = (TierSpec("critical", 8, max_wait_s=120, reserve=2),
              TierSpec("normal", 1, max_wait_s=100))
@@ -232,9 +232,9 @@ async def test_a_grant_left_unsettled_for_a_waiter_that_leaves_is_given_back_onc
     leaving, staying = ticket(1), ticket(1)
     gone = asyncio.create_task(adm.wait(leaving))
     kept = asyncio.create_task(adm.wait(staying))
-    await settle()
+    await spin()
     clock.advance(60.0)  # past half their wait: the reserve no longer holds them back
-    s.pause("q", 70.0, clock.now())  # grants both, unsettled
+    s.pause("q", 70.0, clock.now())  # grants both, not yet acted on
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await within(gone)
@@ -249,7 +249,7 @@ async def test_draining_serves_what_still_fits_and_turns_the_rest_away() -> None
     holder = await granted(adm, ticket(0))
     short = asyncio.create_task(adm.wait(ticket(2, est=0.1)))
     long = asyncio.create_task(adm.wait(ticket(2, est=5.0)))
-    await settle()
+    await spin()
     deadline = clock.now() + 0.6
     adm.drain(deadline)
     with pytest.raises(ShuttingDown):
@@ -260,7 +260,7 @@ async def test_draining_serves_what_still_fits_and_turns_the_rest_away() -> None
     # A call that arrives while draining is queued if it fits, and turned away by the
     # timer once it no longer can finish in time (0.3 s before the deadline), not before.
     late = asyncio.create_task(adm.wait(ticket(1, est=0.3)))
-    await settle()
+    await spin()
     assert not late.done() and s.depth(1) == 1
     with pytest.raises(ShuttingDown):
         await within(late)
@@ -286,7 +286,7 @@ async def test_enter_queues_when_busy_and_decided_waits_for_the_slot() -> None:
     second = ticket(2)
     assert adm.enter(second) is None and second.state is TicketState.QUEUED
     waiter = asyncio.ensure_future(adm.decided(second))
-    await settle()
+    await spin()
     assert not waiter.done()
     release(adm, first)
     decision = await within(waiter)
@@ -314,7 +314,7 @@ async def test_enter_while_draining_refuses_a_call_that_cannot_finish_in_time() 
     queued = ticket(2, est=1.0)
     assert adm.enter(queued) is None and queued in adm._cutoffs  # turned away at its cutoff
     waiter = asyncio.ensure_future(adm.decided(queued))
-    await settle()
+    await spin()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter

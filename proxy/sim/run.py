@@ -169,7 +169,7 @@ class _Replay:
             if now >= self._wakeup:
                 self._wakeup = math.inf
             action(now)
-            self._settle(now)
+            self._act_on_decisions(now)
         return outcomes
 
     def _sample(self, now: float) -> None:
@@ -282,7 +282,7 @@ class _Replay:
         payload: tuple[Attempts, TraceCall, Outcome] = ticket.payload  # type: ignore[assignment]
         return payload
 
-    def _settle(self, now: float) -> None:
+    def _act_on_decisions(self, now: float) -> None:
         """Act on the scheduler's decisions, then arm its next wake-up."""
         scheduler = self.engine.scheduler
         while decisions := scheduler.take():

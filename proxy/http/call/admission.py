@@ -1,11 +1,11 @@
 """Admission: the async shell that lets calls wait in the scheduler for a slot.
 
 Each waiter awaits its own future. Whatever changes the pure core (a submit, a release, a
-verdict that pauses a provider, the timer), ``settle`` then resolves exactly the futures
-the scheduler decided on, in order, and re-arms one timer at ``Scheduler.next_wakeup`` for
-what time alone will change (deadlines, pauses that end, limits that grow back, holds
-that lapse); nothing polls. A waiter cancelled while queued leaves the queue; one
-cancelled after its slot was granted gives the slot back.
+verdict that pauses a provider, the timer), ``act_on_decisions`` then resolves exactly the
+futures the scheduler decided on, in order, and re-arms one timer at
+``Scheduler.next_wakeup`` for what time alone will change (deadlines, pauses that end,
+limits that grow back, holds that lapse); nothing polls. A waiter cancelled while queued
+leaves the queue; one cancelled after its slot was granted gives the slot back.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Admission:
         if cutoff_s is not None and cutoff_s <= 0:
             raise ShuttingDown()
         self.scheduler.submit(ticket, now)
-        decision = self._settle(ticket)
+        decision = self._act_on_decisions(ticket)
         if decision is None:
             self._waiting[ticket] = asyncio.get_running_loop().create_future()
             if cutoff_s is not None:
@@ -93,15 +93,15 @@ class Admission:
         if ticket.state is TicketState.QUEUED:
             self.scheduler.cancel(ticket, self._clock.now())
         future.set_exception(ShuttingDown())
-        self.settle()
+        self.act_on_decisions()
 
-    def settle(self) -> None:
+    def act_on_decisions(self) -> None:
         """Act on what the scheduler decided since last asked; call after anything that
         changed the core."""
-        self._settle(None)
+        self._act_on_decisions(None)
 
-    def _settle(self, entering: Ticket | None) -> Dispatch | Rejection | None:
-        """``settle``; what was decided about ``entering`` (which has no future yet)."""
+    def _act_on_decisions(self, entering: Ticket | None) -> Dispatch | Rejection | None:
+        """``act_on_decisions``; what was decided about ``entering`` (which has no future yet)."""
         if self._timer_at is None and self.scheduler.quiet:
             return None
         mine: Dispatch | Rejection | None = None
@@ -150,7 +150,7 @@ class Admission:
         elif ticket.state is TicketState.DISPATCHED:
             self.scheduler.give_back(ticket, self._clock.now())
         if not self._closed:
-            self.settle()
+            self.act_on_decisions()
 
     def _rearm(self) -> None:
         if self._closed:
@@ -175,4 +175,4 @@ class Admission:
         self._timer = None
         self._timer_at = None
         self.scheduler.advance(self._clock.now())
-        self.settle()
+        self.act_on_decisions()

@@ -146,7 +146,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
         charge(service, exchange, in_flight, None)  # sent and left: its estimate is charged
-        service.admission.settle()
+        service.admission.act_on_decisions()
         if exchange.lease is not None:
             service.shared.release(exchange.lease)
         if key_taken:
@@ -185,7 +185,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
     command: Command = attempts.start(service.clock.now())
     trace = exchange.request[TRACE]
     while True:
-        service.admission.settle()
+        service.admission.act_on_decisions()
         match command:
             case Queue(ticket=ticket):
                 make_room(service, attempts, ticket)
@@ -318,7 +318,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         headers = response.headers
         if "x-ratelimit-remaining-requests" in headers or "x-ratelimit-remaining-tokens" in headers:
             service.engine.fleet.observe_quota(deployment.provider, headers, service.clock.now())
-            service.admission.settle()
+            service.admission.act_on_decisions()
         status = response.status
         if status in (429, 498) or status >= 500 or status in (401, 403):
             return await _failed(service, exchange, response, deployment)

@@ -115,7 +115,7 @@ class Service:
             self.scheduler.set_max(name, max(limit // share, 1) if limit else 0, now)
         for known in ("shared", "local", "reject"):
             self.metrics.shared_mode.get(known).set(1 if known == mode else 0)
-        self.admission.settle()
+        self.admission.act_on_decisions()
 
     def on_breakers(self, open_for_s: Mapping[str, float]) -> None:
         """Another replica opened these breakers: open them here too."""
@@ -124,7 +124,7 @@ class Service:
             breaker = self.engine.fleet.breakers.get(deployment)
             if breaker is not None:
                 breaker.trip(now + seconds, now)
-        self.admission.settle()
+        self.admission.act_on_decisions()
 
     def _gauges(self) -> None:
         """Gauges read from the scheduler, for the configured tiers and providers."""
@@ -230,7 +230,7 @@ class Service:
             self._schedule_timer = None
         self.schedule = None
         self.apply_schedule()
-        self.admission.settle()
+        self.admission.act_on_decisions()
 
     def _breaker_moved(self, deployment: Deployment, old: BreakerState,
                        new: BreakerState) -> None:
@@ -257,7 +257,7 @@ class Service:
                 None if schedule is None else {index[t]: r for t, r in schedule.reserves.items()},
                 self.clock.now(),
             )
-            self.admission.settle()
+            self.admission.act_on_decisions()
         delay = max(next_change(self.config.schedules, tz, wall) - wall, 1.0)
         self._schedule_timer = asyncio.get_running_loop().call_later(delay, self.apply_schedule)
 
