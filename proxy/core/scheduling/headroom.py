@@ -90,7 +90,7 @@ class Headroom:
         entry[1] = now
         entry[2] = float(held)
 
-    def settle(self, provider: str, now: float) -> None:
+    def book_idle(self, provider: str, now: float) -> None:
         """A scheduling pass starts: book the idle time the slots held since the last one
         added, so the pass sizes its holds by the allowance left as the next pass will see it
         (else, once note_idle has booked it, held_against says less than the pass kept

@@ -386,7 +386,7 @@ class Scheduler:
     def _fill(self, pool: Pool, now: float) -> None:
         """Hand out free slots of ``pool`` while an eligible ticket waits."""
         held, queues = 0, self._queues
-        self._headroom.settle(pool.name, now)  # this pass sizes holds by what they idled
+        self._headroom.book_idle(pool.name, now)  # this pass sizes holds by what they idled
         if queues.queued and pool.free(now) > 0:
             self._catch_up(now)
             while queues.queued and pool.free(now) > 0:
