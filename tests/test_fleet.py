@@ -73,9 +73,9 @@ def test_provider_tokens_are_reconciled_with_what_the_call_used(
 def test_a_keys_share_is_reconciled_with_its_usage_or_refunded() -> None:
     f, _ = fleet()
     assert f.take_key("k", 600, 0.0) == 0.0
-    f.settle_key("k", 600, 100, 0.0)  # used 100 of the 600 it was charged
+    f.reconcile_key("k", 600, 100, 0.0)  # used 100 of the 600 it was charged
     assert f.take_key("k", 900, 0.0) == 0.0
-    f.settle_key("k", 900, None, 0.0)  # never went upstream: everything back
+    f.reconcile_key("k", 900, None, 0.0)  # never went upstream: everything back
     assert f.key_rates["k"].tokens is not None
     assert f.key_rates["k"].tokens.available(0.0) == pytest.approx(900)
     assert f.take_key("k", 1, 0.0) == 0.0  # the refunded call's request came back too

@@ -102,12 +102,12 @@ def test_a_call_makes_room_only_where_its_providers_local_slots_are_all_taken() 
     assert leases.withdrawals(second.attempts, ticket) == []
 
 
-@pytest.mark.parametrize(("used", "verdict", "settled"), [
-    (None, None, leases.Settlement(1, 100, False)),  # never went: request and tokens back
-    (40, Verdict.SUCCESS, leases.Settlement(0, 60, False)),
-    (None, Verdict.THROTTLED, leases.Settlement(0, 100, True)),  # a 429 cuts the limit
-    (100, Verdict.ABANDONED, leases.Settlement(0, 0, False)),
+@pytest.mark.parametrize(("used", "verdict", "reconciled"), [
+    (None, None, leases.Reconciliation(1, 100, False)),  # never went: request and tokens back
+    (40, Verdict.SUCCESS, leases.Reconciliation(0, 60, False)),
+    (None, Verdict.THROTTLED, leases.Reconciliation(0, 100, True)),  # a 429 cuts the limit
+    (100, Verdict.ABANDONED, leases.Reconciliation(0, 0, False)),
 ])
-def test_an_ended_attempt_settles_what_it_did_not_use(
-        used: int | None, verdict: Verdict | None, settled: leases.Settlement) -> None:
-    assert leases.settlement(100, used, verdict) == settled
+def test_an_ended_attempt_gives_back_what_it_did_not_use(
+        used: int | None, verdict: Verdict | None, reconciled: leases.Reconciliation) -> None:
+    assert leases.reconciliation(100, used, verdict) == reconciled

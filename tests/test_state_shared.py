@@ -184,7 +184,7 @@ async def test_shared_rate_buckets_hold_across_replicas(settings: StateSettings)
         assert await a.take_rate("key:k", 2, None, 10) == 0
         assert await b.take_rate("key:k", 2, None, 10) == 0
         assert await a.take_rate("key:k", 2, None, 10) > 20
-        b.settle_rate("key:k", 2, None, 1, 0)  # one never went: its request comes back
+        b.reconcile_rate("key:k", 2, None, 1, 0)  # one never went: its request comes back
         await asyncio.sleep(0.1)
         assert await a.take_rate("key:k", 2, None, 10) == 0
 

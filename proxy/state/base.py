@@ -2,7 +2,7 @@
 
 The pure scheduler stays each replica's own; what must hold across replicas goes through a
 ``State``: provider slots as leases (``lease``/``release``), rpm/tpm buckets
-(``take_rate``/``settle_rate``), open breakers and 429 cuts; through ``answers``, the
+(``take_rate``/``reconcile_rate``), open breakers and 429 cuts; through ``answers``, the
 response cache's entries and the Responses API's response homes; and the keys' spend
 budgets (``budgets``: a ``BudgetBook``). ``MemoryState`` (one process) has nothing to
 share: ``shared`` is False, ``answers`` None, and the driver asks it nothing on the request
@@ -130,8 +130,8 @@ class State(Protocol):
     async def take_rate(self, name: str, rpm: int | None, tpm: int | None,
                         tokens: int) -> float: ...
 
-    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
-                    tokens: int) -> None: ...
+    def reconcile_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                       tokens: int) -> None: ...
 
     def breaker_opened(self, deployment: str, open_for_s: float) -> None: ...
 
@@ -181,8 +181,8 @@ class MemoryState:
                         tokens: int) -> float:
         return 0.0
 
-    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
-                    tokens: int) -> None:
+    def reconcile_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                       tokens: int) -> None:
         return None
 
     def breaker_opened(self, deployment: str, open_for_s: float) -> None:

@@ -59,8 +59,8 @@ class SharedRates:
             raise StateUnavailable()
         return self._local.take(name, rpm, tpm, link.alive, tokens, time.monotonic())
 
-    def settle(self, name: str, rpm: int | None, tpm: int | None, requests: int,
-               tokens: int) -> None:
+    def reconcile(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                  tokens: int) -> None:
         """Give back ``requests`` and ``tokens`` (negative: charge more) to the buckets."""
         if (rpm or tpm) and (requests or tokens) and self._link.mode == "shared":
             self._ledger.add(name, rpm or 0, tpm or 0, -requests, -tokens, time.monotonic())

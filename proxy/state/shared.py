@@ -265,10 +265,10 @@ class RedisState:
         seconds to wait (nothing taken)."""
         return await self._rates.take(name, rpm, tpm, tokens)
 
-    def settle_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
-                    tokens: int) -> None:
+    def reconcile_rate(self, name: str, rpm: int | None, tpm: int | None, requests: int,
+                       tokens: int) -> None:
         """Give back ``requests`` and ``tokens`` (negative: charge more) to the buckets."""
-        self._rates.settle(name, rpm, tpm, requests, tokens)
+        self._rates.reconcile(name, rpm, tpm, requests, tokens)
 
     # --- health -------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ A driver (``proxy.http.call.forward`` over sockets, or a simulator on a virtual 
 
 Before the first byte reaches the client a failed attempt may move on (bounded by
 ``retry.max_attempts``); after it (``Result.committed``), never. Whatever path a call
-takes, its key's rate-limit share is settled exactly once: reconciled with the usage if
-it went upstream, refunded if it never did.
+takes, its key's rate-limit share is reconciled exactly once: with the usage if it went
+upstream, refunded if it never did.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Attempts:
         self._failed_providers = _NONE  # an attempt there is a re-try
         self._excluded = _NONE  # deployments that refused the key
         self._pending: tuple[Deployment, ...] = ()
-        self._key_open = False  # the key's share is taken and not yet settled
+        self._key_open = False  # the key's share is taken and not yet reconciled
         self._sent = False
         self.service_tier: str | None = None  # the provider tier the last attempt was sent with
         self.declined = False  # the provider declined its tier once: sent without from then
@@ -201,7 +201,7 @@ class Attempts:
         if code == "upstream_unavailable" and self.last is not None:
             return self._give_up(now)
         error_type, default = _REFUSALS[code]
-        self._settle_key(self.plan.tokens if self._sent else None, now)
+        self._reconcile_key(self.plan.tokens if self._sent else None, now)
         return Fail(error_type(message or default, retry_after=retry_after_s))
 
     def finished(self, result: Result, now: float) -> Command:
@@ -231,7 +231,7 @@ class Attempts:
                     self.service_tier = result.service_tier[:64]  # what is priced
                 self.engine.learn(self.plan, deployment, usage, result.ttft_s,
                                   now - self._started)
-            self._settle_key(usage.total if succeeded else self.plan.tokens, now)
+            self._reconcile_key(usage.total if succeeded else self.plan.tokens, now)
             return Done()
         if verdict is THROTTLED:
             self.attempts -= 1  # throttling spends no attempt: the deadline bounds it
@@ -266,7 +266,7 @@ class Attempts:
             self.finished(Result(ABANDONED), now)
         elif ticket is not None and ticket.state is DISPATCHED:
             self.engine.scheduler.give_back(ticket, now)
-        self._settle_key(self.plan.tokens if self._sent else None, now)
+        self._reconcile_key(self.plan.tokens if self._sent else None, now)
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -307,7 +307,7 @@ class Attempts:
                  for d in ranked}
         decision = degrade(plan.route, plan.tier_name, ranked, waits)
         if decision.action == "shed":
-            self._settle_key(self.plan.tokens if self._sent else None, now)
+            self._reconcile_key(self.plan.tokens if self._sent else None, now)
             return Fail(Shed(f"The '{plan.tier_name}' tier is shed: the expected wait is "
                              "too long.", retry_after=decision.retry_after_s))
         return self._queue(list(decision.deployments), now)
@@ -326,7 +326,7 @@ class Attempts:
         return Queue(self.ticket)
 
     def _give_up(self, now: float) -> Command:
-        self._settle_key(self.plan.tokens if self._sent else None, now)
+        self._reconcile_key(self.plan.tokens if self._sent else None, now)
         last = self.last
         if last is None:
             return Fail(self._unavailable(now))
@@ -346,10 +346,10 @@ class Attempts:
             retry_after=max(retry_at - now, 1.0) if math.isfinite(retry_at) else 1.0,
         )
 
-    def _settle_key(self, actual: int | None, now: float) -> None:
+    def _reconcile_key(self, actual: int | None, now: float) -> None:
         if self._key_open:
             self._key_open = False
-            self.engine.fleet.settle_key(self.plan.caller, self.plan.tokens, actual, now)
+            self.engine.fleet.reconcile_key(self.plan.caller, self.plan.tokens, actual, now)
 
     def candidate(self, deployment_id: str) -> Deployment:
         for deployment in self.plan.route.candidates:

@@ -12,8 +12,8 @@ in the provider's shared rpm/tpm::
                                                     └─ Redis gone ─▶ lease_lost
 
 Every refusal gives the local slot back. ``withdrawals`` says which less urgent waiters a
-call may send back to their local queues before it queues itself; ``settlement`` what an
-ended attempt returns to the shared buckets.
+call may send back to their local queues before it queues itself; ``reconciliation``
+what an ended attempt returns to the shared buckets.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class LeaseAsk:
 
 
 @value
-class Settlement:
+class Reconciliation:
     """What an ended attempt gives back to its provider's shared buckets, and whether a
     429 cut the provider's limit for every replica."""
 
@@ -106,10 +106,10 @@ def withdrawals(attempts: Attempts, ticket: Ticket) -> list[tuple[str, int]]:
             and scheduler.inflight(d.provider) >= scheduler.capacity(d.provider)]
 
 
-def settlement(tokens: int, used: int | None, verdict: Verdict | None) -> Settlement:
+def reconciliation(tokens: int, used: int | None, verdict: Verdict | None) -> Reconciliation:
     """``tokens`` were charged; ``used`` were used (None: nothing); ``verdict`` None: the
     request never went, so it is given back too."""
-    return Settlement(1 if verdict is None else 0, tokens - (used or 0), verdict is THROTTLED)
+    return Reconciliation(1 if verdict is None else 0, tokens - (used or 0), verdict is THROTTLED)
 
 
 def _ticket(attempts: Attempts) -> Ticket:

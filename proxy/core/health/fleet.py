@@ -137,7 +137,7 @@ class Fleet:
         rates = self.key_rates.get(key)
         return 0.0 if rates is None else rates.take(tokens, now)
 
-    def settle_key(self, key: str, estimated: int, actual: int | None, now: float) -> None:
+    def reconcile_key(self, key: str, estimated: int, actual: int | None, now: float) -> None:
         """Reconcile the key's buckets with what the call used (None: it never went
         upstream, so the request comes back too)."""
         rates = self.key_rates.get(key)

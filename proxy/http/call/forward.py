@@ -48,7 +48,7 @@ from .auth import ON_BEHALF
 from .budget import arrival, charge, hold, reserve
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, fingerprint_of
 from .relay import answer_headers, relay, usage_counts
-from .replicas import ended, grant, make_room, settle_key, take_key
+from .replicas import ended, grant, make_room, reconcile_key, take_key
 from .semantic import Pending
 from .service import SERVICE, Service
 from .tracing import TRACE
@@ -151,7 +151,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
             service.shared.release(exchange.lease)
         if key_taken:
             usage = exchange.attempts.usage
-            settle_key(service, principal, plan, exchange.attempts.attempts > 0,
+            reconcile_key(service, principal, plan, exchange.attempts.attempts > 0,
                        usage.total if usage is not None else None)
 
 

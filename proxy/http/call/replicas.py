@@ -78,7 +78,7 @@ def make_room(service: Service, attempts: Attempts, ticket: Ticket) -> None:
 
 def ended(service: Service, deployment: Deployment, tokens: int, used: int | None,
           lease: Lease | None, verdict: Verdict | None) -> None:
-    """An attempt is over: its slot back, its buckets reconciled (``leases.settlement``),
+    """An attempt is over: its slot back, its buckets reconciled (``leases.reconciliation``),
     a 429's cut told to every replica."""
     shared = service.shared
     if not shared.shared:
@@ -86,17 +86,17 @@ def ended(service: Service, deployment: Deployment, tokens: int, used: int | Non
     if lease is not None:
         shared.release(lease)
     provider = service.engine.providers[deployment.provider]
-    settle = leases.settlement(tokens, used, verdict)
-    shared.settle_rate("provider:" + provider.name, provider.rpm, provider.tpm,
-                       settle.requests, settle.tokens)
-    if settle.cut_limit:
+    reconciled = leases.reconciliation(tokens, used, verdict)
+    shared.reconcile_rate("provider:" + provider.name, provider.rpm, provider.tpm,
+                          reconciled.requests, reconciled.tokens)
+    if reconciled.cut_limit:
         shared.limit_cut(provider.name, service.scheduler.capacity(provider.name),
                          GROW_EVERY_S)
 
 
 async def take_key(service: Service, principal: Principal, plan: Plan) -> bool:
     """With shared state (the caller checks), the key's share of its shared rpm/tpm: True
-    if taken (settle it with ``settle_key``); RateLimited if the key is over its limit."""
+    if taken (reconcile it with ``reconcile_key``); RateLimited if the key is over its limit."""
     if principal.rpm is None and principal.tpm is None:
         return False
     wait_s = await service.shared.take_rate("key:" + principal.name, principal.rpm,
@@ -107,8 +107,8 @@ async def take_key(service: Service, principal: Principal, plan: Plan) -> bool:
     return True
 
 
-def settle_key(service: Service, principal: Principal, plan: Plan, sent: bool,
-               used: int | None) -> None:
-    service.shared.settle_rate("key:" + principal.name, principal.rpm, principal.tpm,
-                               0 if sent else 1, plan.tokens - (used or 0) if sent
-                               else plan.tokens)
+def reconcile_key(service: Service, principal: Principal, plan: Plan, sent: bool,
+                  used: int | None) -> None:
+    service.shared.reconcile_rate("key:" + principal.name, principal.rpm, principal.tpm,
+                                  0 if sent else 1, plan.tokens - (used or 0) if sent
+                                  else plan.tokens)
