@@ -53,7 +53,7 @@ from bench_common import (
 )
 
 from proxy.config.state import StateSettings
-from proxy.http.server.server import settle_gc
+from proxy.http.server.server import tune_gc
 from proxy.state import batcher
 from proxy.state.batcher import HANDOFF_S
 from proxy.state.shared import RedisState
@@ -75,7 +75,7 @@ async def admission(calls: int, callers: int, warmup: int = WARMUP_LEASES) -> tu
     state = RedisState(StateSettings(backend="redis", url=REDIS_URL, prefix=prefix), "bench")
     state.configure({"p": 1_000_000}, [])
     await state.start(_Hooks())
-    settle_gc()  # as serve does once it is up
+    tune_gc()  # as serve does once it is up
     took: list[float] = []
 
     async def caller(n: int) -> None:

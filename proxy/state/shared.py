@@ -161,14 +161,14 @@ class RedisState:
         claim_ms = int(claim_s * 1000)
         self._waiting[member] = Waiter(provider, limit, rank, time.monotonic() - waited_s,
                                        future, key, weight, claim_ms)
-        settled = False
+        finished = False
         try:
             async with asyncio.timeout(timeout_s):
                 got = await self._wait(member, provider, limit, rank, waited_s, key, weight,
                                        claim_ms)
-            settled = True
+            finished = True
         finally:
-            if not settled:  # timed out or cancelled: leave the waiters, or give the slot back
+            if not finished:  # timed out or cancelled: leave the waiters, or give the slot back
                 self._waiting.pop(member, None)
                 self._held.pop(member, None)
                 self._give_back(member, provider)

@@ -41,7 +41,7 @@ async def reload_on_signal(app: web.Application) -> None:
     log.info("SIGHUP: %s", answer)
 
 
-def settle_gc() -> None:
+def tune_gc() -> None:
     """Everything built so far lives as long as the process: keep it out of the collector's
     way, and collect young objects less often (per-call garbage is mostly acyclic)."""
     gc.collect()
@@ -65,7 +65,7 @@ async def serve(config: Config, host: str, port: int, config_path: str | None = 
         if not config.server.fast_lane:
             app[LANE].off_because = "turned off (server.fast_lane: false, or --no-fast-lane)"
     await runner.setup()
-    settle_gc()
+    tune_gc()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     if not config.auth_required and not is_loopback(host):
