@@ -29,8 +29,8 @@ HELD_POLL_S = 0.5
 HELD_MARGIN_S = 0.05  # a held call is refused this long before its deadline, not after
 
 
-class Settles:
-    """Wakes the calls of a key waiting for its reservations to settle."""
+class HeldCalls:
+    """Wakes the held calls of a key when one of its reservations here settles."""
 
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
@@ -43,13 +43,13 @@ class Settles:
             async with asyncio.timeout(timeout_s):
                 await event.wait()
 
-    def settled(self, key: str) -> None:
+    def wake(self, key: str) -> None:
         event = self._events.pop(key, None)
         if event is not None:
             event.set()
 
 
-def refused(refusal: Refusal) -> BudgetExceeded:
+def budget_exceeded(refusal: Refusal) -> BudgetExceeded:
     budget, key = refusal.budget, refusal.key
     if refusal.reason == TOO_BIG:
         return BudgetExceeded(
@@ -75,7 +75,7 @@ def arrival(service: Service, plan: Plan) -> None:
                    for d in plan.route.candidates)
     refusal = service.budgets.check(plan.caller, estimate, service.clock.wall())
     if refusal is not None:
-        raise refused(refusal)
+        raise budget_exceeded(refusal)
 
 
 async def reserve(service: Service, exchange: Exchange, deployment_id: str) -> bool:
@@ -91,7 +91,7 @@ async def reserve(service: Service, exchange: Exchange, deployment_id: str) -> b
         return True
     if got.reason == HELD:
         return False
-    raise refused(got)
+    raise budget_exceeded(got)
 
 
 async def hold(service: Service, exchange: Exchange, ticket: Ticket) -> Command:
@@ -102,12 +102,12 @@ async def hold(service: Service, exchange: Exchange, ticket: Ticket) -> Command:
     left = ticket.deadline - now - HELD_MARGIN_S
     if not left > 0:
         budget = service.budgets.budgets[exchange.plan.caller]
-        raise refused(Refusal(HELD, exchange.plan.caller, budget, 0.0, 1.0))
-    await service.settles.wait(exchange.plan.caller, min(HELD_POLL_S, left))
+        raise budget_exceeded(Refusal(HELD, exchange.plan.caller, budget, 0.0, 1.0))
+    await service.held_calls.wait(exchange.plan.caller, min(HELD_POLL_S, left))
     return Queue(ticket)
 
 
-def charge(service: Service, exchange: Exchange, deployment: Deployment | None,
+def settle(service: Service, exchange: Exchange, deployment: Deployment | None,
            cost: float | None) -> None:
     """The call's attempt through ``deployment`` ended (None: it was never sent) having
     cost ``cost`` (None: not known, so its estimate if it was sent): its reservation is
@@ -122,6 +122,6 @@ def charge(service: Service, exchange: Exchange, deployment: Deployment | None,
             else call_cost(exchange.plan, deployment, exchange.attempts.service_tier)[0])
     if reservation is not None:
         book.settle(reservation, cost)
-        service.settles.settled(key)
+        service.held_calls.wake(key)
     else:
         book.spend(key, cost, service.clock.wall())

@@ -45,7 +45,7 @@ from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
 from .answers import cached, find_home, follow, recalled, remember
 from .auth import ON_BEHALF
-from .budget import arrival, charge, hold, reserve
+from .budget import arrival, hold, reserve, settle
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, fingerprint_of
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, reconcile_key, take_key
@@ -145,7 +145,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
         if in_flight is not None:  # the client left (or an error escaped) mid-attempt
             service.metrics.attempts.get(in_flight.provider, "abandon").inc()
         exchange.attempts.abandon(service.clock.now())
-        charge(service, exchange, in_flight, None)  # sent and left: its estimate is charged
+        settle(service, exchange, in_flight, None)  # sent and left: at its estimate
         service.admission.act_on_decisions()
         if exchange.lease is not None:
             service.shared.release(exchange.lease)
@@ -226,7 +226,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     else:
                         command = attempts.granted(decision.deployment, now)
                     if exchange.reservation is not None and not isinstance(command, Send):
-                        charge(service, exchange, None, 0.0)  # not sent after all
+                        settle(service, exchange, None, 0.0)  # not sent after all
             case Send(deployment=deployment):
                 record = exchange.request[RECORD]
                 record.upstream = deployment.id
@@ -255,7 +255,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     cost = record.cost_usd = record_usage(service, exchange.plan, deployment,
                                                           usage, predicted, now - sent,
                                                           attempts.service_tier)
-                charge(service, exchange, deployment if attempts.used is not None else None, cost)
+                settle(service, exchange, deployment if attempts.used is not None else None, cost)
             case Wait(until=until):
                 await asyncio.sleep(max(until - service.clock.now(), 0.0))
                 command = attempts.resume(service.clock.now())

@@ -27,7 +27,7 @@ from ..base.metrics import Metrics
 from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
-from .budget import Settles
+from .budget import HeldCalls
 from .cache import ResponseCache
 from .semantic import SemanticCache
 from .tracing import Tracing
@@ -72,7 +72,7 @@ class Service:
         self.shared = shared or open_state(config.state)
         # The keys' spend budgets: this process's, or the fleet's through Redis.
         self.budgets = self.shared.budgets(budgets_of(config), config.timezone, clock.wall)
-        self.settles = Settles()
+        self.held_calls = HeldCalls()
         answers = self.shared.answers
         if answers is not None:
             answers.on_error = lambda operation: self.metrics.cache_shared_errors.get(
