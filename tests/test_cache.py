@@ -361,6 +361,6 @@ async def test_the_fleets_entry_is_kept_here_no_longer_than_it_is_there(
 
 async def test_without_the_fleet_nothing_is_asked(make_config: Callable[..., Any]) -> None:
     cache = caching(make_config, None, FakeClock())
-    assert not cache.shared
+    assert not cache.across_replicas
     cache.put("m", b"k", Entry(b"{}", "p/x", None, None))
     assert await cache.recall("m", b"other") is None and cache.get("m", b"k") is not None

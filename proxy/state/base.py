@@ -5,8 +5,8 @@ The pure scheduler stays each replica's own; what must hold across replicas goes
 (``take_rate``/``reconcile_rate``), open breakers and 429 cuts; through ``answers``, the
 response cache's entries and the Responses API's response homes; and the keys' spend
 budgets (``budgets``: a ``BudgetBook``). ``MemoryState`` (one process) has nothing to
-share: ``shared`` is False, ``answers`` None, and the driver asks it nothing on the request
-path; its budgets are the process's own ledger (``LocalBudgets``).
+share: ``across_replicas`` is False, ``answers`` None, and the driver asks it nothing on
+the request path; its budgets are the process's own ledger (``LocalBudgets``).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class LocalBudgets(Budgets):
 
 
 class State(Protocol):
-    shared: bool  # False: nothing to ask on the request path
+    across_replicas: bool  # False: nothing to ask on the request path
     replica: str
 
     @property
@@ -148,7 +148,7 @@ class State(Protocol):
 class MemoryState:
     """One process: its scheduler is the whole truth."""
 
-    shared = False
+    across_replicas = False
     answers: Answers | None = None
     mode = "local"
     alive = 1

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class RedisState:
-    shared = True
+    across_replicas = True
 
     def __init__(self, settings: StateSettings, replica: str | None = None) -> None:
         self.settings = settings

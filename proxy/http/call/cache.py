@@ -116,7 +116,7 @@ class ResponseCache:
         self._flights: dict[bytes, asyncio.Event] = {}
 
     @property
-    def shared(self) -> bool:
+    def across_replicas(self) -> bool:
         return self._shared is not None
 
     def flight(self, fingerprint: bytes) -> asyncio.Event | None:

@@ -123,14 +123,14 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     lifecycle = request.app[LIFECYCLE]
     key_taken = False
     try:
-        if flight is not None and service.cache.shared:  # the fleet's, before the upstream
+        if flight is not None and service.cache.across_replicas:  # the fleet's, before the upstream
             hit = await recalled(service, exchange)
             if hit is not None:
                 return hit
         if exchange.fingerprint is not None and service.cache.applies(call):
             service.metrics.cache_lookups.get(call.model, "miss").inc()
         arrival(service, plan)
-        key_taken = service.shared.shared and await take_key(service, principal, plan)
+        key_taken = service.shared.across_replicas and await take_key(service, principal, plan)
         with lifecycle.call():
             return await _drive(service, exchange, path)
     except asyncio.CancelledError:
@@ -220,7 +220,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                             service, exchange, decision.deployment):
                         command = await hold(service, exchange, ticket)
                         continue
-                    if service.shared.shared:
+                    if service.shared.across_replicas:
                         command, exchange.lease = await grant(service, attempts,
                                                               decision.deployment)
                     else:

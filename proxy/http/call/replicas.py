@@ -69,7 +69,7 @@ def make_room(service: Service, attempts: Attempts, ticket: Ticket) -> None:
     """Before ``ticket`` queues here: a less urgent waiter in Redis sent back to its local
     queue where ``leases.withdrawals`` says so."""
     shared = service.shared
-    if not shared.shared:
+    if not shared.across_replicas:
         return
     for provider, below in leases.withdrawals(attempts, ticket):
         if shared.withdraw_below(provider, below):
@@ -81,7 +81,7 @@ def ended(service: Service, deployment: Deployment, tokens: int, used: int | Non
     """An attempt is over: its slot back, its buckets reconciled (``leases.reconciliation``),
     a 429's cut told to every replica."""
     shared = service.shared
-    if not shared.shared:
+    if not shared.across_replicas:
         return
     if lease is not None:
         shared.release(lease)

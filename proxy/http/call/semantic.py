@@ -83,7 +83,7 @@ class SemanticCache:
 
     def share(self, state: State) -> None:
         """With the redis backend, the entries are shared with the other replicas."""
-        if not state.shared or self._shared is not None:
+        if not state.across_replicas or self._shared is not None:
             return
         from ...state.semantic import SharedSemantic
         from ...state.shared import RedisState

@@ -109,7 +109,7 @@ class Service:
         """Shared state's mode changed: without Redis (``local``) each replica takes its
         share of every provider's slots; with it, the whole (the leases bound the sum)."""
         now = self.clock.now()
-        share = max(alive, 1) if mode == "local" and self.shared.shared else 1
+        share = max(alive, 1) if mode == "local" and self.shared.across_replicas else 1
         for name, provider in self.config.providers.items():
             limit = provider.max_concurrency
             self.scheduler.set_max(name, max(limit // share, 1) if limit else 0, now)
@@ -222,7 +222,7 @@ class Service:
         self.semantic.configure(config.models)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._configure_shared()
-        if self.shared.mode == "local" and self.shared.shared:
+        if self.shared.mode == "local" and self.shared.across_replicas:
             self.on_mode("local", self.shared.alive)
         self._gauges()
         if self._schedule_timer is not None:
