@@ -43,10 +43,11 @@ from ..base.drain import uncancel
 from ..base.edge import Incoming, read_call, upstream_headers
 from ..upstream.upstream import UpstreamRequest, UpstreamResponse
 from .accounting import record_usage
-from .answers import cached, find_home, follow, recalled, remember
 from .auth import ON_BEHALF
 from .budget import arrival, hold, reserve, settle
 from .cache import MAX_ENTRY_BYTES, Entry, assemble, fingerprint_of
+from .hits import cache_hit, fleet_cache_hit, follow
+from .homes import find_home, remember_home
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, reconcile_key, take_key
 from .semantic import Pending
@@ -101,7 +102,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     if service.cache.applies(call):
         exchange.fingerprint = fingerprint_of(principal.name, call)
         record.cache = "miss"
-        hit = cached(service, exchange, plan.tier_name) or await follow(service, exchange)
+        hit = cache_hit(service, exchange, plan.tier_name) or await follow(service, exchange)
         if hit is not None:
             return hit
     looked = service.semantic.applies(call, request.headers)
@@ -124,7 +125,7 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
     key_taken = False
     try:
         if flight is not None and service.cache.across_replicas:  # the fleet's, before the upstream
-            hit = await recalled(service, exchange)
+            hit = await fleet_cache_hit(service, exchange)
             if hit is not None:
                 return hit
         if exchange.fingerprint is not None and service.cache.applies(call):
@@ -213,7 +214,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                     service.metrics.key_wait.get(exchange.plan.caller).observe(waited)
                     # While it waited, an identical call may have filled the cache, or the
                     # key spent its budget: the slot then goes back unused.
-                    hit = cached(service, exchange, tier_name)
+                    hit = cache_hit(service, exchange, tier_name)
                     if hit is not None:
                         return hit
                     if exchange.plan.caller in service.budgets.budgets and not await reserve(
@@ -331,7 +332,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
             exchange.answer = web.Response(body=data, status=status, headers=headers)
             prompt, completion, response_id, served_at = _answer_facts(data) if (
                 status == 200) else (None, None, None, None)
-            remember(service, call, response_id, deployment)
+            remember_home(service, call, response_id, deployment)
             if fingerprint is not None and status == 200:
                 entry = Entry(data, deployment.id, _count(prompt), _count(completion))
                 service.cache.put(call.model, fingerprint, entry)
@@ -347,7 +348,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
         exchange.answer, result = await relay(service, request, headers, deployment, response,
                                               chunks, first, strip_usage,
                                               keep_bytes=MAX_ENTRY_BYTES if fingerprint else 0)
-        remember(service, call, result.response_id, deployment)
+        remember_home(service, call, result.response_id, deployment)
         whole = (assemble(call.kind, result.kept)
                  if result.kept and result.verdict is SUCCESS else None)
         if fingerprint is not None and whole is not None:

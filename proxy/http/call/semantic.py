@@ -33,7 +33,7 @@ from ..base.metrics import Metrics
 from ..upstream.upstream import HttpUpstream, UpstreamRequest
 from .auth import ON_BEHALF
 from .cache import Entry, fingerprint_of
-from .kept import kept_answer
+from .hits import hit_response
 
 if TYPE_CHECKING:
     from ...state.base import State
@@ -208,5 +208,5 @@ def _vector(data: bytes) -> list[float] | None:
 def _answer(request: Incoming, call: Call, tier_name: str, entry: Entry, similarity: float,
             took_s: float) -> web.Response:
     """A hit: the kept answer, as JSON or as the stream the call asks for."""
-    return kept_answer(request, call, entry, "semantic", tier_name, took_s,
-                       **{"x-proxy-cache-similarity": f"{similarity:.4f}"})
+    return hit_response(request, call, entry, "semantic", tier_name, took_s,
+                        **{"x-proxy-cache-similarity": f"{similarity:.4f}"})
