@@ -161,8 +161,8 @@ async def main(calls: int) -> None:
 
 
 async def lag(url: str, adds: int = 200) -> None:
-    from proxy.state.semantic import Bounds, SharedSemantic
     from proxy.state.shared import RedisState
+    from proxy.state.shared_semantic import Bounds, SharedSemantic
     settings = StateSettings(backend="redis", url=url, prefix=f"bench-{uuid.uuid4().hex[:8]}")
     one, two = RedisState(settings, "one"), RedisState(settings, "two")
     seen: dict[bytes, float] = {}

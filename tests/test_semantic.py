@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import ConfigError
-from proxy.core.caching.semantic import Question, band, may_answer_from_past, question
+from proxy.core.caching.questions import Question, band, may_answer_from_past, question
 from proxy.core.call.tokens import TokenCounter
 from proxy.http.call.service import SERVICE
 from proxy.http.server.app import build_app

@@ -24,7 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.config.state import StateSettings
-from proxy.state.answers import HOME_TTL_S, MAX_SHARED_BYTES, PAUSE_S, SharedAnswers
+from proxy.state.shared_answers import HOME_TTL_S, MAX_SHARED_BYTES, PAUSE_S, SharedAnswers
 
 from .fakes import FakeUpstream
 from .redis_server import URL, PrivateRedis, free_port, prefixed

@@ -47,7 +47,7 @@ class Hooks(Protocol):
 
 class Answers(Protocol):
     """Cached answers and response homes shared by the replicas
-    (``proxy.state.answers.SharedAnswers``): a lookup that fails or is slow is a miss,
+    (``proxy.state.shared_answers.SharedAnswers``): a lookup that fails or is slow is a miss,
     a write that fails is dropped; neither raises."""
 
     on_error: Callable[[str], None]  # told the operation of every command that failed

@@ -31,13 +31,13 @@ from ..config.state import StateSettings
 from ..core.call.budgets import Budget, Budgets
 from ..core.errors import StateUnavailable
 from . import scripts
-from .answers import SharedAnswers
 from .base import Hooks, Lease, replica_id
 from .batcher import Batcher, Waiter
 from .beat import heartbeat_args, read_answer
 from .health import SharedHealth
 from .link import REDIS_ERRORS, Link
 from .rates import SharedRates
+from .shared_answers import SharedAnswers
 
 if TYPE_CHECKING:
     from .budgets import SharedBudgets

@@ -2,7 +2,7 @@
 
 Entries live ``ttl_s`` from when they were added (a hit does not extend it); at most
 ``max_entries`` of them: adding to a full store drops the expired ones, then the least
-recently used. A scope (what must match exactly, ``proxy.core.caching.semantic``) is searched on
+recently used. A scope (what must match exactly, ``proxy.core.caching.questions``) is searched on
 its own: a small one (at most ``SMALL`` entries) exactly, with numpy; a larger one in a
 usearch HNSW index. Vectors are kept in half precision either way (2 bytes a dimension;
 the similarity is off by about 1e-4, where 8-bit vectors are off by up to 0.02).

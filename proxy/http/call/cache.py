@@ -13,7 +13,7 @@ one when it carries only text), at most ``MAX_ENTRY_BYTES``; a hit is served as 
 replayed as a valid SSE stream when the call asks to stream. Entries live in a
 ``cachetools.TLRUCache`` per model, on the service clock, each until its own expiry.
 
-With the redis backend the fleet shares the entries (``proxy.state.answers``): an answer
+With the redis backend the fleet shares the entries (``proxy.state.shared_answers``): an answer
 is also stored in Redis (``pack``: a short orjson head, then the answer's bytes), with the
 TTL as its Redis expiry; a call this replica has no entry for asks Redis once (``recall``)
 and keeps what it finds here until the Redis entry's own expiry, never longer. Identical

@@ -50,7 +50,7 @@ from .hits import cache_hit, fleet_cache_hit, follow
 from .homes import find_home, remember_home
 from .relay import answer_headers, relay, usage_counts
 from .replicas import ended, grant, make_room, reconcile_key, take_key
-from .semantic import Pending
+from .semantic_cache import Pending
 from .service import SERVICE, Service
 from .tracing import TRACE
 

@@ -29,7 +29,7 @@ from .admission import Admission
 from .auth import Authenticator
 from .budget import HeldCalls
 from .cache import ResponseCache
-from .semantic import SemanticCache
+from .semantic_cache import SemanticCache
 from .tracing import Tracing
 
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}

@@ -1,6 +1,6 @@
 """The semantic cache, opt-in per model (``models.<name>.semantic_cache``).
 
-Which calls it may answer, and what must match exactly, is ``proxy.core.caching.semantic``'s; the
+Which calls it may answer, and what must match exactly, is ``proxy.core.caching.questions``'s; the
 entries, their nearest neighbour, TTL and bound are ``proxy.state.vectors``'. This module
 does the I/O: the question's embedding comes from ``embedding_model`` through this proxy's
 own listener (the way batch lines are sent, ``proxy.http.work.loopback``): on behalf of the
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from ...core.caching.semantic import SEMANTIC_KINDS, Question, band, may_answer_from_past, question
+from ...core.caching.questions import SEMANTIC_KINDS, Question, band, may_answer_from_past, question
 from ...core.call.plan import Plan
 from ...core.call.route import ModelRoute, SemanticSettings
 from ...core.clock import Clock
@@ -37,7 +37,7 @@ from .hits import hit_response
 
 if TYPE_CHECKING:
     from ...state.base import State
-    from ...state.semantic import Shared, SharedSemantic
+    from ...state.shared_semantic import Shared, SharedSemantic
     from ...state.vectors import VectorStore
 
 EMBEDDING_TIMEOUT_S = 10.0  # at most this long for the vector,
@@ -85,8 +85,8 @@ class SemanticCache:
         """With the redis backend, the entries are shared with the other replicas."""
         if not state.across_replicas or self._shared is not None:
             return
-        from ...state.semantic import SharedSemantic
         from ...state.shared import RedisState
+        from ...state.shared_semantic import SharedSemantic
         if isinstance(state, RedisState):
             self._shared = SharedSemantic(state, self._received)
             errors = self._metrics.semantic_shared_errors
@@ -95,7 +95,7 @@ class SemanticCache:
 
     def _share_models(self) -> None:
         if self._shared is not None:
-            from ...state.semantic import Bounds
+            from ...state.shared_semantic import Bounds
             self._shared.configure({name: Bounds(s.max_entries, s.ttl_s)
                                     for name, (s, _) in self._stores.items()})
 

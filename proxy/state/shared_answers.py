@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from ..config.state import StateSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.state.answers")  # the name log filters know it by
 
 ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 LOOKUP_TIMEOUT_S = 0.2  # a lookup slower than this is a miss

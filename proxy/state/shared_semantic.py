@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from .link import COMMAND_TIMEOUT_S, REDIS_ERRORS
 from .shared import RedisState
 
-log = logging.getLogger("proxy.state.semantic")
+log = logging.getLogger("proxy.state.semantic")  # the name log filters know it by
 
 BLOCK_MS = 1000
 RETRY_S = 1.0
