@@ -38,7 +38,7 @@ def _summary(config: Config) -> str:
         ),
         "providers: " + ", ".join(
             f"{p.name} ({p.kind}, max_concurrency {p.max_concurrency}"
-            f"{f', via {p.egress.shown}' if p.egress is not None else ''})"
+            f"{f', via {p.egress.display_url}' if p.egress is not None else ''})"
             for p in config.providers.values()
         ),
         "models: " + ", ".join(

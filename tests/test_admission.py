@@ -285,7 +285,7 @@ async def test_enter_queues_when_busy_and_decided_waits_for_the_slot() -> None:
     assert isinstance(adm.enter(first), Dispatch)
     second = ticket(2)
     assert adm.enter(second) is None and second.state is TicketState.QUEUED
-    waiter = asyncio.ensure_future(adm.decided(second))
+    waiter = asyncio.ensure_future(adm.decision(second))
     await spin()
     assert not waiter.done()
     release(adm, first)
@@ -313,7 +313,7 @@ async def test_enter_while_draining_refuses_a_call_that_cannot_finish_in_time() 
     assert isinstance(adm.enter(busy), Dispatch)
     queued = ticket(2, est=1.0)
     assert adm.enter(queued) is None and queued in adm._cutoffs  # turned away at its cutoff
-    waiter = asyncio.ensure_future(adm.decided(queued))
+    waiter = asyncio.ensure_future(adm.decision(queued))
     await spin()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):

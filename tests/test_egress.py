@@ -43,9 +43,9 @@ def upstream_of(found: Provider) -> HttpUpstream:
     return upstream
 
 
-def shown(base_url: str, env: Mapping[str, str]) -> str | None:
+def display_url(base_url: str, env: Mapping[str, str]) -> str | None:
     egress = provider(base_url, env).egress
-    return None if egress is None else egress.shown
+    return None if egress is None else egress.display_url
 
 
 def with_credentials(proxy_url: str, password: str = SECRET) -> str:
@@ -94,7 +94,7 @@ P = {"HTTPS_PROXY": "http://proxy.corp:3128"}
 ])
 def test_which_providers_go_through_the_egress_proxy(
         base_url: str, env: dict[str, str], expected: str | None) -> None:
-    assert shown(base_url, env) == expected
+    assert display_url(base_url, env) == expected
 
 
 def test_credentials_become_basic_auth_and_are_never_shown() -> None:
@@ -102,7 +102,7 @@ def test_credentials_become_basic_auth_and_are_never_shown() -> None:
     assert found.egress is not None
     assert found.egress.authorization == "Basic " + base64.b64encode(
         PROXY_CREDENTIALS.encode()).decode()
-    assert found.egress.shown == "http://proxy.corp:3128"
+    assert found.egress.display_url == "http://proxy.corp:3128"
     assert SECRET not in repr(found) and found.egress.authorization not in repr(found)
 
 

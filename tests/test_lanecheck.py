@@ -79,6 +79,6 @@ async def test_an_app_with_other_hooks_is_served_by_aiohttp_not_the_lane() -> No
 
 
 def test_the_status_says_why_the_lane_is_off() -> None:
-    assert LaneStatus().shown() == {"aiohttp": aiohttp.__version__, "fast_lane": False,
+    assert LaneStatus().status() == {"aiohttp": aiohttp.__version__, "fast_lane": False,
                                     "fast_lane_off_because": "not serving"}
-    assert LaneStatus(on=True).shown()["fast_lane_off_because"] is None
+    assert LaneStatus(on=True).status()["fast_lane_off_because"] is None

@@ -32,7 +32,7 @@ from ..core.scheduling.schedules import Schedule
 from .batch import BatchSettings, StorageSettings, parse_batch, parse_storage
 from .policy import ApiKey, parse_admin, parse_classify, parse_schedules
 from .providers import parse_models, parse_providers
-from .reader import ConfigError, Node, fail, shown
+from .reader import ConfigError, Node, fail, safe_repr
 from .state import StateSettings, parse_state
 from .telemetry import TelemetrySettings, parse_telemetry
 
@@ -112,7 +112,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, str | int | float | bool) and key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"a key is written twice in one mapping ({shown(key)})",
+                    None, None, f"a key is written twice in one mapping ({safe_repr(key)})",
                     key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)

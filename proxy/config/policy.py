@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..core.call.budgets import PERIODS, Budget
 from ..core.call.classify import ClassifySettings, Principal, Rule
 from ..core.scheduling.schedules import Schedule
-from .reader import UNSET, Node, fail, shown
+from .reader import UNSET, Node, fail, safe_repr
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def tier_index(value: object, names: tuple[str, ...], path: str) -> int:
         for i, name in enumerate(names):
             if name.lower() == value.strip().lower():
                 return i
-    fail(path, f"unknown tier {shown(value)} (tiers: {', '.join(names)})")
+    fail(path, f"unknown tier {safe_repr(value)} (tiers: {', '.join(names)})")
 
 
 def parse_admin(node: Node, keys: tuple[ApiKey, ...], warnings: list[str]) -> str | None:
@@ -156,7 +156,7 @@ def _rule(
     key_names = match.string_list("key")
     for i, key in enumerate(key_names):
         if key not in keys:
-            fail(f"{match.sub('key')}[{i}]", f"unknown key {shown(key)} (not in classify.keys)")
+            fail(f"{match.sub('key')}[{i}]", f"unknown key {safe_repr(key)} (not in classify.keys)")
     rule = Rule(
         tier=tier,
         headers=headers,

@@ -20,7 +20,7 @@ from ..core.health.breaker import BreakerSettings
 from ..core.health.provider import Provider, SimSettings, Timeouts
 from .egress import egress_for, environment_proxies
 from .policy import tier_index
-from .reader import UNSET, Node, fail, interpolate, shown
+from .reader import UNSET, Node, fail, interpolate, safe_repr
 
 PROVIDER_KINDS = ("openai", "azure", "simulated")
 FORWARDED_SERVICE_TIERS = ("openai",)
@@ -180,7 +180,7 @@ def parse_models(
         wanted = route.semantic_cache.embedding_model if route.semantic_cache else None
         if wanted is not None and wanted not in models:
             fail(f"models.{public}.semantic_cache.embedding_model",
-                 f"{shown(wanted)} is not a model of this routing table")
+                 f"{safe_repr(wanted)} is not a model of this routing table")
     return models
 
 
@@ -249,9 +249,9 @@ def _candidates(
         if provider not in providers:
             if provider in declared:
                 continue  # disabled (secret unset); already warned
-            fail(f"{item_path}.provider", f"unknown provider {shown(provider)}")
+            fail(f"{item_path}.provider", f"unknown provider {safe_repr(provider)}")
         if deployment.service_tiers and not providers[provider].accepts_service_tier:
-            fail(f"{item_path}.service_tier", f"provider {shown(provider)} is not sent "
+            fail(f"{item_path}.service_tier", f"provider {safe_repr(provider)} is not sent "
                  "service_tier (set its accepts_service_tier: true)")
         if any(d.id == deployment.id for d in result):
             fail(item_path, f"duplicate deployment {deployment.id!r}")

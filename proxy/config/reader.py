@@ -182,7 +182,7 @@ class Node:
         if unknown:
             if _NAME.fullmatch(unknown[0]):
                 fail(self.sub(unknown[0]), "unknown key")
-            fail(self.path, f"an unknown key {shown(unknown[0])}")
+            fail(self.path, f"an unknown key {safe_repr(unknown[0])}")
 
     def _scalar(self, key: str, default: object) -> object:
         value = self.raw(key)
@@ -221,7 +221,7 @@ _SHOWN = re.compile(r"(?:[A-Za-z][A-Za-z0-9_.\- ]{0,23})?")
 _SECRETISH = re.compile(r"\d{4}|[A-Za-z0-9]{20}|^sk-|^key-", re.IGNORECASE)
 
 
-def shown(value: object) -> str:
+def safe_repr(value: object) -> str:
     """``value`` quoted for an error message if it looks like a name, else a placeholder."""
     text = str(value)
     return repr(text) if _SHOWN.fullmatch(text) and not _SECRETISH.search(text) else (

@@ -125,7 +125,7 @@ class Engine:
         if route is None:
             raise ModelNotFound(
                 f"The model '{call.model}' does not exist on this proxy.", param="model")
-        route = self._continued(route, call, now)
+        route = self._route_to_home(route, call, now)
         tier = classify(facts, principal, self.classify).tier
         output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
                   if call.generates else 0)
@@ -146,7 +146,7 @@ class Engine:
         """The deployment remembered for ``response_id``, if any."""
         return self._homes.get(response_id)
 
-    def _continued(self, route: ModelRoute, call: Call, now: float) -> ModelRoute:
+    def _route_to_home(self, route: ModelRoute, call: Call, now: float) -> ModelRoute:
         """A call that continues a stored response (``previous_response_id``) can only be
         served where that response lives: there alone, while it is available."""
         if call.previous_response_id is None:

@@ -266,7 +266,7 @@ class SharedBudgets:
                     self._confirmed(key, start, mine)
                 if verdict != GO:
                     return ledger.refusal(verdict, key, estimate, wall)
-                return self._opened(ledger.open(key, estimate, maximum, wall), member)
+                return self._track(ledger.open(key, estimate, maximum, wall), member)
         if link.mode == "reject":
             raise StateUnavailable()
         view = self._view(key, start)
@@ -274,9 +274,9 @@ class SharedBudgets:
                                ledger.reserved(key, wall), dollars(estimate), link.alive)
         if verdict != GO:
             return ledger.refusal(verdict, key, estimate, wall)
-        return self._opened(ledger.open(key, estimate, maximum, wall), member)
+        return self._track(ledger.open(key, estimate, maximum, wall), member)
 
-    def _opened(self, reservation: Reservation, member: str) -> Reservation:
+    def _track(self, reservation: Reservation, member: str) -> Reservation:
         self._members[reservation.id] = member
         return reservation
 

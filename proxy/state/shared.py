@@ -150,7 +150,7 @@ class RedisState:
         while the call asked or waited: it queues again, under the share. Raises TimeoutError
         after ``timeout_s``, StateUnavailable without Redis if ``on_error`` is reject."""
         if self.mode != "shared":
-            return self._noted(provider)
+            return self._local_lease(provider)
         if (member := self._hand_over(provider, limit)) is not None:
             self._held[member] = provider
             self._turns[member] = turn = next(self._turn)
@@ -216,7 +216,7 @@ class RedisState:
                 self.mode == "shared" or self._link.returning):
             self._give_back(lease.member, lease.provider, self.mode == "shared" and written)
 
-    def _noted(self, provider: str) -> Lease:
+    def _local_lease(self, provider: str) -> Lease:
         self._check_reject()
         member = f"{self.replica}|{next(self._seq)}|{provider}"
         self._held[member] = provider

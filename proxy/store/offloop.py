@@ -63,7 +63,7 @@ class AsyncStore:
             bulk_threads, thread_name_prefix="store-bulk")
         self._closed = False
 
-    def _opened(self) -> SyncStore:
+    def _open_once(self) -> SyncStore:
         """In a worker thread: the store, opened once."""
         with self._opening:
             if self._store is None:
@@ -74,7 +74,7 @@ class AsyncStore:
         if self._closed:
             raise StoreClosed("the store is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(pool, lambda: operation(self._opened()))
+        return await loop.run_in_executor(pool, lambda: operation(self._open_once()))
 
     async def _small_call(self, operation: Callable[[SyncStore], T]) -> T:
         return await self._run(self._small, operation)
@@ -148,9 +148,9 @@ class AsyncStore:
 
     async def finalize(self, batch_id: str, outcome: str, now: int,
                        new_file_id: Callable[[], str],
-                       ended: Callable[[str | None, str], bytes]) -> bool:
+                       unanswered_line: Callable[[str | None, str], bytes]) -> bool:
         return await self._run(self._bulk, lambda s: s.finalize(batch_id, outcome, now,
-                                                                new_file_id, ended))
+                                                                new_file_id, unanswered_line))
 
     async def counts(self, batch_id: str) -> dict[str, int]:
         return await self._small_call(lambda s: s.counts(batch_id))

@@ -222,7 +222,7 @@ class RedisStore:
         return int(cast(int, self._recover(keys=keys)))
 
     def finalize(self, batch_id: str, outcome: str, now: int, new_file_id: Callable[[], str],
-                 ended: Callable[[str | None, str], bytes]) -> bool:
+                 unanswered_line: Callable[[str | None, str], bytes]) -> bool:
         """In a worker thread. Once: the first to claim the batch's end does it (a claim
         that lapses lets another finish a finalization that died half-way)."""
         if self._r.get(self._k("runner")) != self.holder.encode():
@@ -245,7 +245,7 @@ class RedisStore:
                                                              chunk))
             args: list[Any] = [status]
             for index, cid in zip(chunk, cids, strict=True):
-                args += [index, ended((cid or b"").decode() or None, status)]
+                args += [index, unanswered_line((cid or b"").decode() or None, status)]
             self._end(keys=keys, args=args)
         statuses = cast(dict[bytes, bytes], self._bulk.hgetall(self._lines(batch_id,
                                                                            "status")))

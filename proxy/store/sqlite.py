@@ -9,7 +9,7 @@ the lines it left running back to pending (they run again).
 Nothing here runs on the event loop (``proxy.store.offloop.AsyncStore`` calls it from
 worker threads): the small statements (sub-millisecond in WAL mode) from one thread, on the
 store's connection; what may be large — a new batch's insert, a file's content, a batch's
-finalization — on a connection of its own (``threaded``), in one transaction each.
+finalization — on a connection of its own (``thread_connection``), in one transaction each.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class Store:
         self._db.close()
 
     @contextlib.contextmanager
-    def threaded(self) -> Iterator[sqlite3.Connection]:
+    def thread_connection(self) -> Iterator[sqlite3.Connection]:
         """A connection for a worker thread (``:memory:`` has only the one)."""
         if self.path == ":memory:":
             yield self._db
@@ -105,7 +105,7 @@ class Store:
 
     def add_file(self, row: dict[str, Any], content: bytes) -> None:
         """In a worker thread: up to ``max_file_bytes``."""
-        with self.threaded() as db:
+        with self.thread_connection() as db:
             db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (row["id"], row["owner"], row["purpose"], row["filename"],
                         len(content), row["created_at"], content))
@@ -121,7 +121,7 @@ class Store:
 
     def file_content(self, file_id: str, owner: str) -> bytes | None:
         """In a worker thread: up to ``max_file_bytes``."""
-        with self.threaded() as db:
+        with self.thread_connection() as db:
             found = db.execute("SELECT content FROM files WHERE id = ? AND owner = ?",
                                (file_id, owner)).fetchone()
         return None if found is None else bytes(found[0])
@@ -144,7 +144,7 @@ class Store:
                   ) -> None:
         """In a worker thread: the batch and its lines (index, custom_id, body, status,
         result), in one transaction: a batch is there with all its lines, or not at all."""
-        with self.threaded() as db, _transaction(db):
+        with self.thread_connection() as db, _transaction(db):
             db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
                        (batch_id, owner, created_at, status, doc))
             db.executemany("INSERT INTO lines VALUES (?, ?, ?, ?, ?, ?)",
@@ -204,13 +204,13 @@ class Store:
             (status, result, batch_id, index)).rowcount > 0
 
     def finalize(self, batch_id: str, outcome: str, now: int, new_file_id: Callable[[], str],
-                 ended: Callable[[str | None, str], bytes]) -> bool:
+                 unanswered_line: Callable[[str | None, str], bytes]) -> bool:
         """In a worker thread, one transaction: the batch ends as ``outcome`` (completed,
-        expired, cancelled). Lines not answered end too (``ended(custom_id, status)`` is
-        their error line; as ``failed`` if the batch completed without them); the output
-        (2xx) and error files are written; the saved document gets its counts and times.
-        False if the batch had ended already (it is finalized once)."""
-        with self.threaded() as db, _transaction(db):
+        expired, cancelled). Lines not answered end too (``unanswered_line(custom_id,
+        status)`` is their error line; as ``failed`` if the batch completed without them);
+        the output (2xx) and error files are written; the saved document gets its counts and
+        times. False if the batch had ended already (it is finalized once)."""
+        with self.thread_connection() as db, _transaction(db):
             found = db.execute("SELECT status, doc, owner FROM batches WHERE id = ?",
                                (batch_id,)).fetchone()
             if found is None or found[0] in FINISHED:
@@ -220,7 +220,7 @@ class Store:
                               "status IN ('pending', 'running')", (batch_id,)).fetchall()
             db.executemany(
                 "UPDATE lines SET status = ?, result = ?, body = NULL WHERE batch_id = ? "
-                "AND idx = ?", ((status, ended(row[1], status), batch_id, row[0])
+                "AND idx = ?", ((status, unanswered_line(row[1], status), batch_id, row[0])
                                 for row in rows))
             doc = orjson.loads(found[1])
             doc["finalizing_at"] = doc["finalizing_at"] or now

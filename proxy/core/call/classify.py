@@ -171,7 +171,7 @@ def classify(
     facts: RequestFacts, principal: Principal, settings: ClassifySettings
 ) -> Classification:
     """The tier of one call; never raises on odd client input."""
-    tier, source = _unclamped(facts, principal, settings)
+    tier, source = _requested_tier(facts, principal, settings)
     floor = clamp_tier(principal.max_tier, settings.lowest_tier)
     bounded = clamp_tier(tier, settings.lowest_tier)
     if bounded < floor:
@@ -193,7 +193,7 @@ def upstream_service_tier(requested: str | None, tier: int) -> str | None:
     return requested
 
 
-def _unclamped(
+def _requested_tier(
     facts: RequestFacts, principal: Principal, settings: ClassifySettings
 ) -> tuple[int, Source]:
     header = facts.headers.get(PRIORITY_HEADER)

@@ -38,7 +38,7 @@ class EgressProxy:
     authorization: str | None = field(default=None, repr=False)  # Proxy-Authorization
 
     @property
-    def shown(self) -> str:
+    def display_url(self) -> str:
         """Where it is, without its credentials: ``http://proxy.corp:3128``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"

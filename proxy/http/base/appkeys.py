@@ -25,7 +25,7 @@ class LaneStatus:
     on: bool = False
     off_because: str | None = "not serving"
 
-    def shown(self) -> dict[str, object]:
+    def status(self) -> dict[str, object]:
         return {"aiohttp": aiohttp.__version__, "fast_lane": self.on,
                 "fast_lane_off_because": None if self.on else self.off_because}
 

@@ -33,11 +33,11 @@ class Admission:
         (``Dispatch``) or a refusal (``Rejection``). Raises ShuttingDown once closed, or
         while draining once the call could no longer finish in time."""
         decision = self.enter(ticket)
-        return decision if decision is not None else await self.decided(ticket)
+        return decision if decision is not None else await self.decision(ticket)
 
     def enter(self, ticket: Ticket) -> Dispatch | Rejection | None:
         """Queue ``ticket``: the decision if the scheduler made it at once (a free slot, a
-        refusal), else None, and ``decided`` waits for it. Raises as ``wait`` does.
+        refusal), else None, and ``decision`` waits for it. Raises as ``wait`` does.
         A call that finds a free slot thus costs no future and no coroutine."""
         if self._closed:
             raise ShuttingDown()
@@ -53,7 +53,7 @@ class Admission:
                 self._arm_cutoff(ticket, cutoff_s)
         return decision
 
-    async def decided(self, ticket: Ticket) -> Dispatch | Rejection:
+    async def decision(self, ticket: Ticket) -> Dispatch | Rejection:
         """Wait for the decision about a ticket ``enter`` queued."""
         future = self._waiting[ticket]
         try:

@@ -194,7 +194,7 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 if decision is None:
                     if trace is not None:
                         trace.queued()
-                    decision = await service.admission.decided(ticket)
+                    decision = await service.admission.decision(ticket)
                 now = service.clock.now()
                 if trace is not None:
                     trace.dispatched(getattr(decision, "code", "granted"))
@@ -322,7 +322,7 @@ async def _send(service: Service, exchange: Exchange, path: str,
             service.admission.act_on_decisions()
         status = response.status
         if status in (429, 498) or status >= 500 or status in (401, 403):
-            return await _failed(service, exchange, response, deployment)
+            return await _upstream_failure(service, exchange, response, deployment)
         headers = answer_headers(request, tier_name, exchange.attempts, deployment, response)
         fingerprint = exchange.fingerprint
         if fingerprint is not None:
@@ -366,8 +366,8 @@ async def _send(service: Service, exchange: Exchange, path: str,
         response.close()
 
 
-async def _failed(service: Service, exchange: Exchange, response: UpstreamResponse,
-                  deployment: Deployment) -> Result:
+async def _upstream_failure(service: Service, exchange: Exchange,
+                            response: UpstreamResponse, deployment: Deployment) -> Result:
     """A 429, 5xx, 401 or 403. A 5xx is kept, to be passed through if every attempt fails;
     a 429 never reaches the client (the call waits for the pause instead) and an auth
     failure's body may quote the provider's key."""

@@ -142,8 +142,8 @@ class Service:
             for mode in entered:
                 metrics.shared_entered.get(mode).set_function(
                     functools.partial(self._entered, mode))
-            metrics.shared_fallback.set_function(lambda: self._shared("fallback_s"))
-            metrics.shared_rebuilds.set_function(lambda: self._shared("rebuilt", "times"))
+            metrics.shared_fallback.set_function(lambda: self._state_figure("fallback_s"))
+            metrics.shared_rebuilds.set_function(lambda: self._state_figure("rebuilt", "times"))
         for name, route in config.models.items():
             if route.cache is not None:
                 metrics.cache_entries.get(name).set_function(
@@ -176,9 +176,9 @@ class Service:
         task.add_done_callback(self._retiring.discard)
 
     def _entered(self, mode: str) -> float:
-        return self._shared("entered", mode)
+        return self._state_figure("entered", mode)
 
-    def _shared(self, *path: str) -> float:
+    def _state_figure(self, *path: str) -> float:
         """A number from the shared state's status (0 where it has none)."""
         found: object = self.shared.status()
         for step in path:
@@ -290,7 +290,7 @@ class Service:
                     "inflight": self.scheduler.inflight(name),
                     "paused_for_s": providers[name]["paused_for_s"],
                     "retry_budget": round(fleet.retry_allowances[name].available(now), 2),
-                    "egress": provider.egress.shown if provider.egress is not None else None,
+                    "egress": provider.egress.display_url if provider.egress is not None else None,
                 }
                 for name, provider in self.config.providers.items()
             },

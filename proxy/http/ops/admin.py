@@ -55,7 +55,7 @@ def admin(handler: Handler) -> Handler:
 @admin
 async def status(request: web.Request) -> web.StreamResponse:
     shown = {**request.app[SERVICE].status(), "work": await request.app[WORK].status(),
-             "server": request.app[LANE].shown()}
+             "server": request.app[LANE].status()}
     return web.Response(body=orjson.dumps(shown), content_type="application/json")
 
 

@@ -53,7 +53,7 @@ class Origin:
         self.egress = egress
         self._connect = connect_request(host, port, egress) if egress is not None else b""
         # What a connect error names: never the provider's address (a client may read it).
-        self._via = egress.shown if egress is not None else ""
+        self._via = egress.display_url if egress is not None else ""
         self._to = f"the provider through the egress proxy {self._via}" if egress else (
             "the provider")
         self._idle: list[Connection] = []

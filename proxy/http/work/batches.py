@@ -218,10 +218,10 @@ async def create_batch(request: web.Request) -> web.Response:
         await store.add_batch(batch_id, owner, now, "in_progress", orjson.dumps(doc).decode(),
                               lines)
     work.run_batch(batch_id)
-    return _json(await _counted(work, batch_id, doc))
+    return _json(await _with_counts(work, batch_id, doc))
 
 
-async def _counted(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, Any]:
+async def _with_counts(work: Work, batch_id: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The batch as the API shows it, with its request counts as they are now."""
     if doc["status"] in ("in_progress", "cancelling"):
         counts = await work.store().counts(batch_id)
@@ -240,7 +240,7 @@ async def _batch(request: web.Request) -> tuple[Work, str, dict[str, Any]]:
 
 async def get_batch(request: web.Request) -> web.Response:
     work, batch_id, doc = await _batch(request)
-    return _json(await _counted(work, batch_id, doc))
+    return _json(await _with_counts(work, batch_id, doc))
 
 
 async def list_batches(request: web.Request) -> web.Response:
@@ -265,7 +265,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
             found = await work.store().batch(batch_id)
             assert found is not None
             doc = orjson.loads(found[1])
-    return _json(await _counted(work, batch_id, doc))
+    return _json(await _with_counts(work, batch_id, doc))
 
 
 # --- background responses ---------------------------------------------------------------

@@ -292,7 +292,7 @@ class Work:
             if running:
                 await asyncio.wait(running)
         await store.finalize(batch_id, outcome, int(self.clock.wall()), lambda: new_id("file-"),
-                             _ended)
+                             _unanswered_line)
 
     async def _line(self, batch_id: str, owner: str, endpoint: str, index: int,
                     custom_id: str, body: bytes, until: float) -> None:
@@ -300,7 +300,7 @@ class Work:
         answer = await self._answer_of(owner, endpoint, body, line_id, until)
         if answer is None:  # turned away until the window's end
             await self.store().finish_line(batch_id, index, "expired",
-                                           _ended(custom_id, "expired"))
+                                           _unanswered_line(custom_id, "expired"))
             return
         status, data = answer
         try:
@@ -369,7 +369,7 @@ _ENDINGS = {
 }
 
 
-def _ended(custom_id: str | None, status: str) -> bytes:
+def _unanswered_line(custom_id: str | None, status: str) -> bytes:
     """The error line of a line that ended unanswered."""
     code, message = _ENDINGS[status]
     return error_line(new_id("batch_req_"), custom_id, code, message)
