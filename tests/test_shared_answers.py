@@ -293,7 +293,7 @@ async def answers() -> AsyncIterator[tuple[SharedAnswers, redis.Redis, str]]:
             await shared.close()
 
 
-async def settled(shared: SharedAnswers) -> None:
+async def writes_done(shared: SharedAnswers) -> None:
     await until(lambda: not shared._writes, "the writes went")
 
 
@@ -302,7 +302,7 @@ async def test_the_store_script_trims_to_max_entries_oldest_first(
     shared, client, prefix = answers
     for n in range(5):
         shared.keep("m", bytes([n]) * 32, b"entry %d" % n, 60, 3)
-        await settled(shared)
+        await writes_done(shared)
         await asyncio.sleep(0.002)  # distinct store times (Redis ms)
     assert entries(client, prefix) == [(bytes([n]) * 32).hex() for n in (2, 3, 4)]
     assert stored(client, prefix) == 3
@@ -310,12 +310,12 @@ async def test_the_store_script_trims_to_max_entries_oldest_first(
     assert found is not None and found[0] == b"entry 4" and 59 < found[1] <= 60
     assert await shared.recall(bytes([0]) * 32) is None
     shared.keep("m", b"\x09" * 32, b"x" * (MAX_SHARED_BYTES + 1), 60, 3)  # too large: kept
-    await settled(shared)                                                 # locally only
+    await writes_done(shared)                                             # locally only
     assert stored(client, prefix) == 3 and shared.errors == 0
     # Another model's entries are bounded on their own; a lowered bound applies at once.
     shared.keep("n", b"\x07" * 32, b"other", 60, 1)
     shared.keep("m", b"\x08" * 32, b"newest", 60, 1)
-    await settled(shared)
+    await writes_done(shared)
     assert entries(client, prefix) == [(b"\x08" * 32).hex()]
     assert stored(client, prefix) == 2
 
@@ -324,11 +324,11 @@ async def test_expired_entries_leave_the_models_set(
         answers: tuple[SharedAnswers, redis.Redis, str]) -> None:
     shared, client, prefix = answers
     shared.keep("m", b"\x01" * 32, b"short", 0.05, 10)
-    await settled(shared)
+    await writes_done(shared)
     await asyncio.sleep(0.1)
     assert await shared.recall(b"\x01" * 32) is None
     shared.keep("m", b"\x02" * 32, b"next", 0.05, 10)
-    await settled(shared)
+    await writes_done(shared)
     assert entries(client, prefix) == [(b"\x02" * 32).hex()]
 
 
@@ -337,7 +337,7 @@ async def test_homes_are_kept_for_a_week(
     shared, client, prefix = answers
     assert await shared.home("resp_1") is None
     shared.remember("resp_1", "p1/up1")
-    await settled(shared)
+    await writes_done(shared)
     assert await shared.home("resp_1") == "p1/up1"
     assert client.pttl(f"{prefix}:home:resp_1") > (HOME_TTL_S - 60) * 1000
 

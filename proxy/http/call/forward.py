@@ -49,7 +49,7 @@ from .cache import MAX_ENTRY_BYTES, Entry, assemble, fingerprint_of
 from .hits import cache_hit, fleet_cache_hit, follow
 from .homes import find_home, remember_home
 from .relay import answer_headers, relay, usage_counts
-from .replicas import ended, grant, make_room, reconcile_key, take_key
+from .replicas import end_attempt, grant, make_room, reconcile_key, take_key
 from .semantic_cache import Pending
 from .service import SERVICE, Service
 from .tracing import TRACE
@@ -239,8 +239,8 @@ async def _drive(service: Service, exchange: Exchange, path: str) -> web.StreamR
                 predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
                 now = service.clock.now()
                 command = attempts.finished(result, now)
-                ended(service, deployment, attempts.tokens(deployment), attempts.used,
-                      exchange.lease, result.verdict)
+                end_attempt(service, deployment, attempts.tokens(deployment), attempts.used,
+                            exchange.lease, result.verdict)
                 exchange.lease = None
                 record.upstream_s, record.ttft_s = now - sent, result.ttft_s
                 labels = (deployment.provider, deployment.id, exchange.plan.call.model)

@@ -32,7 +32,7 @@ async def grant(service: Service, attempts: Attempts,
     command = attempts.granted(deployment_id, service.clock.now())
     if isinstance(command, Send):
         return command, got
-    ended(service, deployment, tokens, None, got, None)
+    end_attempt(service, deployment, tokens, None, got, None)
     return command, None
 
 
@@ -76,8 +76,8 @@ def make_room(service: Service, attempts: Attempts, ticket: Ticket) -> None:
             return
 
 
-def ended(service: Service, deployment: Deployment, tokens: int, used: int | None,
-          lease: Lease | None, verdict: Verdict | None) -> None:
+def end_attempt(service: Service, deployment: Deployment, tokens: int, used: int | None,
+                lease: Lease | None, verdict: Verdict | None) -> None:
     """An attempt is over: its slot back, its buckets reconciled (``leases.reconciliation``),
     a 429's cut told to every replica."""
     shared = service.shared
