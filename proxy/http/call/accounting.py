@@ -13,7 +13,7 @@ def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Us
                  predicted_s: float, took_s: float, service_tier: str | None = None) -> float:
     """``predicted_s``: the service time the scheduler was told; ``took_s``: the truth;
     ``service_tier``: the provider tier it was sent with, priced as such. Returns the
-    call's cost in dollars (its key's budget is charged it: ``budget.charge``)."""
+    call's cost in dollars (its key's budget settles it: ``budget.settle``)."""
     metrics = service.metrics
     metrics.tokens.get(deployment.provider, "prompt").inc(usage.prompt_tokens)
     metrics.tokens.get(deployment.provider, "completion").inc(usage.completion_tokens)
