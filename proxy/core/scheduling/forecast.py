@@ -48,11 +48,39 @@ def gap_s(seconds: float, slots: int) -> float:
 
 
 @value
+class Refusal:
+    code: str  # queue_timeout, or key_backlog when other keys wait in its tier
+    retry_after_s: float
+    message: str
+
+
+@value
 class Forecast:
     position: int  # calls ahead of it
     expected_s: float
     certain_s: float
     own_key: bool  # other keys wait in its tier: what is certain is its key's own backlog
+    typical_s: float | None  # its provider's mean service time, if it joins a chain
+
+    def refusal(self, left_s: float, max_wait_s: float) -> Refusal | None:
+        """Why the call is refused at once, if its certain wait passes the ``left_s`` to its
+        deadline; with a retry-after of when the calls that block it will have started
+        (a call sent again then waits little)."""
+        if self.certain_s <= left_s:
+            return None
+        whose = "this key's" if self.own_key else "the"
+        return Refusal("key_backlog" if self.own_key else "queue_timeout", self.certain_s,
+                       f"{whose} calls queued ahead keep this call waiting at least "
+                       f"{self.certain_s:.0f} s, past its tier's max_wait_s ({max_wait_s:g} s); "
+                       "refused at once")
+
+    def join(self, ticket: Ticket, backlog: Backlog, pools: Sequence[Pool],
+             now: float) -> None:
+        """``ticket``, queued now, blocks the later arrivals of its key (if it may)."""
+        if self.typical_s is not None:
+            seconds = chain_s(ticket, self.typical_s)
+            slots = sum(p.max_concurrency for p in pools)
+            backlog.arrived(ticket, now, gap_s(seconds, slots), seconds)
 
 
 def starts(tickets: Iterable[Ticket], now: float) -> dict[tuple[int, str], list[float]]:
@@ -72,11 +100,17 @@ def starts(tickets: Iterable[Ticket], now: float) -> dict[tuple[int, str], list[
 
 
 def forecast(ticket: Ticket, backlog: Backlog, gates: tuple[Gate, ...], pools: Sequence[Pool],
-             shares: Sequence[float], now: float, typical_s: float | None) -> Forecast:
-    """``ticket``'s forecast before it joins the queue; ``typical_s``: its provider's mean
-    service time, to work out the certain wait with (None: not known yet, or ``ticket`` may
-    leave its tier or has less than its tier's whole wait, so nothing is certain)."""
+             shares: Sequence[float], now: float, max_wait_s: float, promotes: bool,
+             mean_s: float | None) -> Forecast:
+    """``ticket``'s forecast before it joins the queue. ``mean_s``: its provider's mean
+    service time, to work out the certain wait with (None: none known yet). Nothing is
+    certain for a call with less than its tier's whole ``max_wait_s`` (its plan came just
+    before its ticket) or one that may move up a tier (``promotes``)."""
     tier = ticket.current_tier
+    typical_s = None
+    if (ticket.deadline - ticket.arrived >= 0.99 * max_wait_s
+            and not (ticket.ceiling < tier and promotes)):
+        typical_s = mean_s
     reopen = min(max(g.paused_until, g.down_until, g.pool.paused_until) for g in gates)
     paused = reopen - now if reopen > now else 0.0
     pool = first_open(gates, now).pool
@@ -100,4 +134,4 @@ def forecast(ticket: Ticket, backlog: Backlog, gates: tuple[Gate, ...], pools: S
         ahead = chained / (slots if slots > 0 else 1) - mine
         certain_s = ahead if ahead > paused else paused
     return Forecast(urgent_n + own_n, expected if expected > paused else paused, certain_s,
-                    others)
+                    others, typical_s)

@@ -32,7 +32,7 @@ from .backlog import Backlog
 from .capacity import Capacity, Gate, Pool, all_down, first_open
 from .charges import Charges
 from .floors import Floors
-from .forecast import chain_s, forecast, gap_s, starts
+from .forecast import Forecast, forecast, starts
 from .generations import TierMaps
 from .headroom import Headroom
 from .policy import HOLD_PATIENCE, Policy
@@ -170,47 +170,34 @@ class Scheduler:
             return
         if not self._queues.queued and self._start_at_once(ticket, gates, now):
             return
-        typical = self._foresee(ticket, gates, pools, now) if first else None
+        found = self._foresee(ticket, gates, pools, now) if first else None
         if ticket.state is REJECTED:
             return
         self._catch_up(now)  # calls due to move up a tier join it before this one
         self._queues.add(ticket)
-        if typical is not None:
-            seconds = chain_s(ticket, typical)
-            slots = sum(p.max_concurrency for p in pools)
-            self._queues.backlog.arrived(ticket, now, gap_s(seconds, slots), seconds)
+        if found is not None:
+            found.join(ticket, self._queues.backlog, pools, now)
         for pool in pools:
             self._fill(pool, now)
         if ticket.state is QUEUED:
             self._enforce_bounds(ticket, now)
 
     def _foresee(self, ticket: Ticket, gates: tuple[Gate, ...], pools: tuple[Pool, ...],
-                 now: float) -> float | None:
-        """A new call's forecast; refused at once if its certain wait passes its deadline.
-        Not None: it has its tier's whole wait and stays in its tier, so it blocks the later
-        arrivals of its key, and this is its provider's mean service time
-        (``forecast``)."""
+                 now: float) -> Forecast:
+        """A new call's forecast (``forecast``); refused at once if its certain wait passes
+        its deadline."""
         tier = ticket.current_tier
-        spec = self._tiers[tier]
-        typical = None
-        if (ticket.deadline - ticket.arrived >= 0.99 * spec.max_wait_s  # its plan came first
-                and not (ticket.ceiling < tier and self._queues.promotes(tier))):
-            typical = self._policy.mean_service(first_open(gates, now).pool.name)
-        found = forecast(ticket, self._queues.backlog, gates, pools, self._floors.shares,
-                         now, typical)
+        max_wait_s = self._tiers[tier].max_wait_s
+        found = forecast(ticket, self._queues.backlog, gates, pools, self._floors.shares, now,
+                         max_wait_s, self._queues.promotes(tier),
+                         self._policy.mean_service(first_open(gates, now).pool.name))
         ticket.position, ticket.predicted_s = found.position, found.expected_s
-        left = ticket.deadline - now
-        if self._settings.refuse_early and found.certain_s > left:
-            # When the calls that block it have started: a call sent again then waits little.
-            retry_after = found.certain_s
-            whom = "this key's" if found.own_key else "the"
+        refusal = found.refusal(ticket.deadline - now, max_wait_s)
+        if self._settings.refuse_early and refusal is not None:
             self._queues.backlog.refused(ticket, now)
-            self._reject(ticket, "key_backlog" if found.own_key else "queue_timeout", now,
-                         queued=False, retry_after=retry_after, message=(
-                             f"{whom} calls queued ahead keep this call waiting at least "
-                             f"{found.certain_s:.0f} s, past its tier's max_wait_s "
-                             f"({spec.max_wait_s:g} s); refused at once"))
-        return typical
+            self._reject(ticket, refusal.code, now, queued=False,
+                         retry_after=refusal.retry_after_s, message=refusal.message)
+        return found
 
     def _start_at_once(self, ticket: Ticket, gates: tuple[Gate, ...], now: float) -> bool:
         """Nothing waits: the first open gate with a free slot that no hold keeps takes it."""
