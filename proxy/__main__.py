@@ -123,6 +123,9 @@ def _command(argv: list[str] | None) -> int:
     board.add_argument("--seeds", type=int, default=1, metavar="N",
                        help="each scenario drawn with seeds 0 to N-1 and judged on all their "
                             "calls together (default 1: the scoreboard's own calls)")
+    board.add_argument("--held-out", action="store_true",
+                       help="workloads the policy was not tuned on (other rates and seeds of "
+                            "the peak, a real code trace) instead of the scoreboard's own")
     fitting = command("fit")
     fitting.add_argument("--log", required=True,
                          help="the proxy's JSON access log (serve --access-log)")
@@ -135,7 +138,7 @@ def _command(argv: list[str] | None) -> int:
         from .sim.cli import scoreboard_command
 
         return scoreboard_command(args.only, args.details, args.json, args.markdown,
-                                  args.seeds)
+                                  args.seeds, args.held_out)
     if args.command == "fit":
         from .sim.fit import fit_command
 

@@ -12,6 +12,7 @@ from ..config.trace import read_calls
 from .boardtext import details, markdown
 from .boardtext import table as board
 from .disciplines import DISCIPLINES, reference
+from .heldout import HELD_OUT
 from .html import page
 from .report import TITLES, compare_table, summary, table
 from .run import simulate
@@ -78,23 +79,26 @@ def simulate_command(config: Config, trace: str, speed: float, compare: str | No
 
 
 def scoreboard_command(only: str | None, detailed: bool, as_json: bool,
-                       as_markdown: bool = False, seeds: int = 1) -> int:
+                       as_markdown: bool = False, seeds: int = 1,
+                       held_out: bool = False) -> int:
     """Every scenario (or ``only`` these) under the proxy and the reference disciplines,
-    over ``seeds`` seeds judged together (``proxy.sim.seeds``); exit status 1 when a bound
+    over ``seeds`` seeds judged together (``proxy.sim.seeds``); ``held_out``: the workloads
+    the policy was not tuned on (``proxy.sim.heldout``) instead. Exit status 1 when a bound
     fails."""
     if seeds < 1:
         print("--seeds: must be at least 1", file=sys.stderr)
         return 2
-    names = [n.strip() for n in (only or "").split(",") if n.strip()] or list(BUILDERS)
-    unknown = [n for n in names if n not in BUILDERS]
+    builders = HELD_OUT if held_out else BUILDERS
+    names = [n.strip() for n in (only or "").split(",") if n.strip()] or list(builders)
+    unknown = [n for n in names if n not in builders]
     if unknown:
-        print(f"--only: unknown scenario {unknown[0]!r} (one of {', '.join(BUILDERS)})",
+        print(f"--only: unknown scenario {unknown[0]!r} (one of {', '.join(builders)})",
               file=sys.stderr)
         return 2
     started = time.perf_counter()
     rows = []
     for name in names:
-        row = run(BUILDERS[name](0)) if seeds == 1 else pooled(BUILDERS[name], seeds)
+        row = run(builders[name](0)) if seeds == 1 else pooled(builders[name], seeds)
         rows.append(row)
         if detailed and not as_json:
             print(details(row))
