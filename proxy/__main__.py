@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                           "compared with the first on the same trace")
     sim.add_argument("--trace", required=True,
                      help="CSV (TIMESTAMP,ContextTokens,GeneratedTokens[,tier,key,model,"
-                          "max_tokens]), .jsonl, or the JSON access log (.log)")
+                          "max_tokens,stream]), .jsonl, or the JSON access log (.log)")
     sim.add_argument("--speed", type=float, default=1.0,
                      help="arrivals this many times as fast (default 1)")
     sim.add_argument("--compare", metavar="fcfs,priority,wfq,static",

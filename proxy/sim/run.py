@@ -189,10 +189,10 @@ class _Replay:
         def arrive(now: float) -> None:
             model = row.model or self.first_model
             max_tokens = row.max_tokens
-            call = Call({"model": model}, "chat", model, False, max_tokens, None, False,
+            call = Call({"model": model}, "chat", model, row.stream, max_tokens, None, False,
                         prompt_tokens=row.prompt_tokens)
             headers = {"x-priority": row.tier} if row.tier else {}
-            facts = RequestFacts(headers, model, row.prompt_tokens, "", False, None)
+            facts = RequestFacts(headers, model, row.prompt_tokens, "", row.stream, None)
             principal = self.principals.get(row.key or "", ANONYMOUS)
             try:
                 plan = self.engine.plan(call, facts, principal, now)
@@ -246,8 +246,10 @@ class _Replay:
         outcome.service_s = took
         outcome.cost_usd = deployment.cost(row.prompt_tokens, output, attempts.service_tier)
         self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
+        # Live knows a call's time to first token only when it streams, and its latency
+        # model learns that apart from the output rate only then: learn as live does.
         result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
-                        completion_tokens=output, ttft_s=ttft)
+                        completion_tokens=output, ttft_s=ttft if row.stream else None)
         self._serving[deployment.provider] += 1
 
         def done(t: float) -> None:
