@@ -103,8 +103,8 @@ def _command(argv: list[str] | None) -> int:
                           "compared with the first on the same trace")
     sim.add_argument("--trace", required=True,
                      help="CSV (TIMESTAMP, ContextTokens, GeneratedTokens, and optionally "
-                          "tier, key, model, max_tokens), .jsonl, or the JSON access log "
-                          "(.log)")
+                          "tier, key, model, max_tokens, stream), .jsonl, or the JSON access "
+                          "log (.log)")
     sim.add_argument("--speed", type=float, default=1.0,
                      help="arrivals this many times as fast (default 1)")
     sim.add_argument("--compare", metavar="fcfs,priority,wfq,static",

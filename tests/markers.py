@@ -51,6 +51,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_budgets_shared": (("e2e", "redis"), "budgets on a real Redis, and `serve` replicas"),
     "test_egress": (("e2e",), "a CONNECT proxy and TLS providers of the test's own"),
     "test_lane_smoke": (("e2e",), "the real `serve` in a subprocess"),
+    "test_fidelity": (("e2e",), "the real `serve` in a subprocess, against the simulator"),
     "test_wire_reuse": (("e2e",), "the upstream client against raw asyncio servers"),
     "test_node_sdk": (("e2e",), "the Node openai SDK against the real `serve`"),
     "test_conformance": (("e2e",), "requests from OpenAI's spec against the real `serve`"),

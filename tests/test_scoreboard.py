@@ -137,9 +137,9 @@ def test_the_seed_peak_beside_a_fixed_reserve() -> None:
     """The adaptive headroom against the hand-written `reserve: 2` on chat, 50 draws of the
     seed peak pooled (one draw's chat p99 turns on one episode of a few dozen calls). With
     the default budget (1.5 %): chat p99 0.95 s against 0.85 s, and better on analysis,
-    brief, the makespan and idle time (8.9 / 28.1 s / 2,266 s / 1.6 % against 9.8 / 32.1 s /
-    2,439 s / 7.3 %). Given `headroom_budget: 0.03` it beats it on all five (0.72 s, 9.4 /
-    28.7 s / 2,288 s / 2.9 %)."""
+    brief, the makespan and idle time (8.9 / 28.1 s / 2,265 s / 1.6 % against 9.8 / 32.1 s /
+    2,439 s / 7.3 %). Given `headroom_budget: 0.03` it beats it on all five (0.71 s, 9.5 /
+    28.7 s / 2,289 s / 2.9 %)."""
     build = BUILDERS["seed-peak"]
     fixed = draws_of(with_settings(build, reserve=2), 50)
     adaptive = draws_of(build, 50)

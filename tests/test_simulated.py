@@ -3,6 +3,7 @@ client asks."""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 from typing import Any
 
@@ -42,6 +43,29 @@ async def test_a_stream_is_generated_as_it_goes() -> None:
     tracemalloc.stop()
     await chunks.aclose()
     assert peak < 4 * 1024 * 1024 and sim.active == 0
+
+
+async def test_an_answer_takes_ttft_and_a_token_time_per_token_streamed_or_whole() -> None:
+    """What the simulator counts a call to take: a stream's first token after ttft, one
+    every 1 / tokens_per_s, its end one token after the last (it ended a token early), and
+    timers' slack not added up over the tokens."""
+    loop = asyncio.get_running_loop()
+    for settings, tokens in ((SimSettings(ttft_s=0.05, tokens_per_s=10), 5),
+                             (SimSettings(ttft_s=0.0, tokens_per_s=1000), 300)):
+        expected = settings.ttft_s + tokens / settings.tokens_per_s
+        sim = SimulatedUpstream("sim", settings)
+        for stream in (True, False):
+            begun = loop.time()
+            response = await sim.send(request(tokens, stream), Timeouts())
+            if stream:
+                chunks = response.chunks()
+                await anext(chunks)
+                assert loop.time() - begun < settings.ttft_s + 0.02
+                async for _ in chunks:
+                    pass
+            else:
+                await response.read()
+            assert expected - 0.005 <= loop.time() - begun <= expected + 0.05, stream
 
 
 async def test_embeddings_take_text_or_tokens_one_input_or_several() -> None:

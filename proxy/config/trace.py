@@ -1,6 +1,7 @@
 """Request traces: the Azure LLM inference CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``,
-optionally with ``tier``, ``key``, ``model``, ``max_tokens`` columns), JSONL objects
-``{"t", "prompt_tokens", "output_tokens", "tier"?, "key"?, "model"?, "max_tokens"?}``, or
+optionally with ``tier``, ``key``, ``model``, ``max_tokens``, ``stream`` columns), JSONL
+objects ``{"t", "prompt_tokens", "output_tokens", "tier"?, "key"?, "model"?, "max_tokens"?,
+"stream"?}``, or
 the proxy's own JSON access log (``.jsonl`` or ``.log``: observe, then replay), for the
 simulator, the benchmarks and the tests that replay real arrivals."""
 
@@ -33,6 +34,9 @@ class TraceCall:
     key: str | None = None
     model: str | None = None
     max_tokens: int | None = None  # what the client asked for
+    # Whether the client streamed: the proxy sees a call's time to first token, and its
+    # estimator learns it, only from a stream. Traces that do not say are taken as streams.
+    stream: bool = True
 
 
 def _count(value: object, where: str, name: str, optional: bool = False) -> int | None:
@@ -49,6 +53,16 @@ def _count(value: object, where: str, name: str, optional: bool = False) -> int 
 
 def _text(value: object) -> str | None:
     return None if value in (None, "") else str(value)
+
+
+def _stream(value: object, where: str) -> bool:
+    """A row's ``stream`` (true or false, 1 or 0); a row without one is a stream."""
+    if value is None or value == "":
+        return True
+    text = str(value).strip().lower()
+    if text in ("true", "1", "false", "0"):
+        return text in ("true", "1")
+    raise ConfigError(f"{where}: stream must be true or false")
 
 
 def read_calls(path: Path) -> list[TraceCall]:
@@ -114,7 +128,8 @@ def _csv(path: Path, lines: Iterable[str]) -> list[TraceCall]:
             _count(row.get("ContextTokens"), where, "ContextTokens") or 0,
             _count(row.get("GeneratedTokens"), where, "GeneratedTokens") or 0,
             _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
-            _count(row.get("max_tokens"), where, "max_tokens", optional=True)))
+            _count(row.get("max_tokens"), where, "max_tokens", optional=True),
+            _stream(row.get("stream"), where)))
     return calls
 
 
@@ -134,7 +149,8 @@ def _json_call(line: str, where: str) -> TraceCall | None:
         float(t), _count(row.get("prompt_tokens", 0), where, "prompt_tokens") or 0,
         _count(row.get("output_tokens", 0), where, "output_tokens") or 0,
         _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
-        _count(row.get("max_tokens"), where, "max_tokens", optional=True))
+        _count(row.get("max_tokens"), where, "max_tokens", optional=True),
+        _stream(row.get("stream"), where))
 
 
 # Seconds since the epoch of 2001: trace times past it are wall-clock times (access logs).
@@ -144,8 +160,9 @@ GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 def _logged_call(row: dict[str, object], where: str) -> TraceCall | None:
     """A line of the proxy's JSON access log as a trace row (arrival, tokens, tier, key,
-    model); None for what never waited for a slot (refused before classification, cache
-    hits, other endpoints)."""
+    model, and a stream where it logged a time to first token, which only streams have);
+    None for what never waited for a slot (refused before classification, cache hits,
+    other endpoints)."""
     if row.get("path") not in GENERATING_PATHS or row.get("tier") is None or row.get(
             "cache") == "hit":
         return None
@@ -156,7 +173,8 @@ def _logged_call(row: dict[str, object], where: str) -> TraceCall | None:
     return TraceCall(
         stamp.timestamp(), _count(row.get("prompt_tokens") or 0, where, "prompt_tokens") or 0,
         _count(row.get("completion_tokens") or 0, where, "completion_tokens") or 0,
-        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")))
+        _text(row.get("tier")), _text(row.get("key")), _text(row.get("model")),
+        stream=row.get("ttft_ms") is not None)
 
 
 def read_trace(path: Path, start_s: float = 0.0,

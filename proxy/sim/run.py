@@ -142,7 +142,12 @@ class _Replay:
         self.first_model = next(iter(config.models))
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._order = itertools.count()
-        self._wakeup = math.inf
+        # One wake-up timer, as the live shell keeps (``Admission._rearm``): the time the
+        # scheduler asked for and the order of its event; an event of a timer re-armed
+        # since is skipped, as live cancels it (a pass it ran would book the headroom's
+        # idle time, and so size holds, at an instant live has none).
+        self._timer_at: float | None = None
+        self._timer = -1
         self.busy_s = dict.fromkeys(config.providers, 0.0)
         self.waiting = Waiting(len(config.tiers))
         self._providers = {d.id: d.provider for route in config.models.values()
@@ -154,8 +159,10 @@ class _Replay:
         self._rng = random.Random(0)  # the same faults on every run
         self._serving = dict.fromkeys(config.providers, 0)  # calls a provider accepted
 
-    def at(self, when: float, action: Callable[[float], None]) -> None:
-        heapq.heappush(self._events, (when, next(self._order), action))
+    def at(self, when: float, action: Callable[[float], None]) -> int:
+        order = next(self._order)
+        heapq.heappush(self._events, (when, order, action))
+        return order
 
     def run(self, calls: Sequence[TraceCall]) -> list[Outcome]:
         outcomes = []
@@ -164,13 +171,17 @@ class _Replay:
             outcomes.append(outcome)
             self.at(outcome.arrived, self._arrival(row, outcome))
         while self._events:
-            now, _, action = heapq.heappop(self._events)
+            now, order, action = heapq.heappop(self._events)
+            if action == self._wake and order != self._timer:
+                continue  # disarmed
             self._sample(now)
-            if now >= self._wakeup:
-                self._wakeup = math.inf
             action(now)
             self._act_on_decisions(now)
         return outcomes
+
+    def _wake(self, now: float) -> None:
+        self._timer_at, self._timer = None, -1
+        self.engine.scheduler.advance(now)
 
     def _sample(self, now: float) -> None:
         """Record the state that held until ``now`` at every whole step before it."""
@@ -189,10 +200,10 @@ class _Replay:
         def arrive(now: float) -> None:
             model = row.model or self.first_model
             max_tokens = row.max_tokens
-            call = Call({"model": model}, "chat", model, False, max_tokens, None, False,
+            call = Call({"model": model}, "chat", model, row.stream, max_tokens, None, False,
                         prompt_tokens=row.prompt_tokens)
             headers = {"x-priority": row.tier} if row.tier else {}
-            facts = RequestFacts(headers, model, row.prompt_tokens, "", False, None)
+            facts = RequestFacts(headers, model, row.prompt_tokens, "", row.stream, None)
             principal = self.principals.get(row.key or "", ANONYMOUS)
             try:
                 plan = self.engine.plan(call, facts, principal, now)
@@ -246,8 +257,10 @@ class _Replay:
         outcome.service_s = took
         outcome.cost_usd = deployment.cost(row.prompt_tokens, output, attempts.service_tier)
         self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
+        # Live knows a call's time to first token only when it streams, and its latency
+        # model learns that apart from the output rate only then: learn as live does.
         result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
-                        completion_tokens=output, ttft_s=ttft)
+                        completion_tokens=output, ttft_s=ttft if row.stream else None)
         self._serving[deployment.provider] += 1
 
         def done(t: float) -> None:
@@ -299,9 +312,10 @@ class _Replay:
                 self._do(attempts, attempts.granted(dispatch.deployment, now), row, outcome,
                          now)
         wakeup = scheduler.next_wakeup(now)
-        if wakeup is not None and wakeup < self._wakeup:
-            self._wakeup = wakeup if wakeup > now else now + 1e-6  # time always moves on
-            self.at(self._wakeup, scheduler.advance)
+        if wakeup != self._timer_at:
+            self._timer_at = wakeup
+            self._timer = -1 if wakeup is None else self.at(
+                wakeup if wakeup > now else now + 1e-6, self._wake)  # time always moves on
 
 
 def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> Simulation:

@@ -2,11 +2,13 @@
 for tests and for benchmarks.
 
 Service time: ``ttft_s`` (+ prompt tokens / ``prefill_tokens_per_s``) to the first token,
-then one token every ``1 / tokens_per_s``. Output length is ``max_tokens`` (or
-``max_completion_tokens``, ``max_output_tokens``), else ``default_output_tokens``, at most
-``max_output_tokens``; answers come in the shape of the API called (``sim_answers``);
-a stream is generated as it goes, so memory stays bounded. With ``capacity`` set it answers
-429 past that many concurrent calls, like a real provider's concurrency limit.
+then one token every ``1 / tokens_per_s``: ``ttft + n / tokens_per_s`` in all for ``n``
+tokens, streamed or whole, as the simulator (``proxy.sim.run``) counts it. Output length is
+``max_tokens`` (or ``max_completion_tokens``, ``max_output_tokens``), else
+``default_output_tokens``, at most ``max_output_tokens``; answers come in the shape of the
+API called (``sim_answers``); a stream is generated as it goes, so memory stays bounded.
+With ``capacity`` set it answers 429 past that many concurrent calls, like a real
+provider's concurrency limit.
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ class SimulatedResponse:
                 yield self._body
                 return
             answer = self._answer
+            loop = asyncio.get_running_loop()
+            # Token i is due ttft + i / tokens_per_s after the start, the end one token
+            # after the last: each wait is to a due time, so a timer's slack (a millisecond
+            # under uvloop) is not added up over a long answer.
+            first = loop.time() + self._ttft_s
             await asyncio.sleep(self._ttft_s)
             opening = answer.opening()
             if opening:
@@ -166,12 +173,17 @@ class SimulatedResponse:
             per_token = 1.0 / self._upstream.settings.tokens_per_s
             batch = max(1, int(_CHUNK_BATCH_S / per_token))
             for start in range(0, answer.n_out, batch):
-                part = self._words(start, start + batch)
-                if start:
-                    await asyncio.sleep(per_token * len(part))
-                yield answer.pieces(part)
+                await _until(loop, first + start * per_token)
+                yield answer.pieces(self._words(start, start + batch))
+            await _until(loop, first + answer.n_out * per_token)
             text = "".join(self._words(0, answer.n_out)) if answer.repeats_text else ""
             self.ended = True
             yield answer.closing(text, self._include_usage)
         finally:
             self.close()
+
+
+async def _until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+    delay = due - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
