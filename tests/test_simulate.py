@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy.core.estimate import LatencyModel
-from proxy.core.scheduler import Scheduler
 
 from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
+from proxy.core.call.estimate import LatencyModel
+from proxy.core.scheduling.scheduler import Scheduler
 from proxy.sim.disciplines import reference
 from proxy.sim.report import compare_table, summary, table
 from proxy.sim.run import simulate

@@ -1,6 +1,6 @@
 """Shared rpm/tpm buckets: one pair per provider and per key in Redis (the ``RATE``
 script), a replica's share of each while Redis is away, and what this replica took over
-the last minute (``core.ledger``), charged again if Redis loses the buckets."""
+the last minute (``core.health.ledger``), charged again if Redis loses the buckets."""
 
 from __future__ import annotations
 

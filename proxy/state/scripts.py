@@ -282,7 +282,7 @@ return {alive, granted, lost, open, forgot}
 # ARGV: prefix, name, rpm (0: none), tpm (0: none), requests, tokens, take (1) or adjust
 # (0). Take: both buckets have room → take them, answer 0; else take nothing and answer
 # the ms to wait. Adjust: give back (negative amounts charge), answer 0. A request larger
-# than a whole bucket goes once it is full (leaving debt), as ``core.limits.TokenBucket``.
+# than a whole bucket goes once it is full (leaving debt), as ``core.health.limits.TokenBucket``.
 RATE = _NOW + """
 local key = ARGV[1] .. 'rate:' .. ARGV[2]
 local rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
