@@ -58,7 +58,7 @@ class ProxyServer(TestServer):
     """The proxy's app served as ``serve`` serves it: proxied calls take the fast lane."""
 
     async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
-        return FrontRunner(self.app, forward.ROUTES, **kwargs)
+        return FrontRunner(self.app, forward.HANDLERS, **kwargs)
 
 
 def served(app: web.Application, **kwargs: Any) -> TestServer:

@@ -35,8 +35,8 @@ from .conftest import config_from
 from .fakes import FakeUpstream, aiohttp_request
 
 Factory = Callable[..., Awaitable[Any]]
-ROUTES = forward.ROUTES
-read_head = HeadReader(ROUTES, 1 << 20, 8190, 128).read
+HANDLERS = forward.HANDLERS
+read_head = HeadReader(HANDLERS, 1 << 20, 8190, 128).read
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
 
@@ -110,8 +110,8 @@ def test_heads_the_lane_leaves_to_aiohttp(data: bytes) -> None:
 
 
 def test_a_body_over_the_limit_goes_to_aiohttp_which_answers_413() -> None:
-    assert HeadReader(ROUTES, len(BODY), 8190, 128).read(post()) != OTHER
-    assert HeadReader(ROUTES, len(BODY) - 1, 8190, 128).read(post()) is OTHER
+    assert HeadReader(HANDLERS, len(BODY), 8190, 128).read(post()) != OTHER
+    assert HeadReader(HANDLERS, len(BODY) - 1, 8190, 128).read(post()) is OTHER
 
 
 def test_connection_close_and_odd_but_valid_heads() -> None:
@@ -187,7 +187,7 @@ _VALUES = st.binary(max_size=24).map(
 
 @settings(max_examples=400, deadline=None)
 @given(fields=st.lists(st.tuples(_NAMES, _VALUES), max_size=10), body=st.binary(max_size=64),
-       path=st.sampled_from(sorted(ROUTES)))
+       path=st.sampled_from(sorted(HANDLERS)))
 def test_what_the_lane_takes_aiohttp_reads_the_same(
         fields: list[tuple[str, bytes]], body: bytes, path: str) -> None:
     fields = [(name, value) for name, value in fields if name.lower() != "content-length"]
@@ -566,7 +566,7 @@ async def test_a_client_leaving_cancels_its_call_as_the_runner_says(
     upstream = await aiohttp_server(fake.app())
     provider = {"name": "p", "base_url": str(upstream.make_url("/v1")), "api_key": "sk-p"}
     config = config_from([provider], {"m": [{"provider": "p", "model": "up"}]})
-    runner = FrontRunner(build_app(config, counter=counter), ROUTES,
+    runner = FrontRunner(build_app(config, counter=counter), HANDLERS,
                          handler_cancellation=cancellation)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -75,7 +75,7 @@ async def test_an_app_with_other_hooks_is_served_by_aiohttp_not_the_lane() -> No
     hooked.on_response_prepare.append(other)  # type: ignore[arg-type]
     assert lane_off_because(hooked) is not None
     with pytest.raises(RuntimeError, match="cannot serve this app: the app has middleware"):
-        FrontServer(web.Server(other), hooked, forward.ROUTES)  # type: ignore[arg-type]
+        FrontServer(web.Server(other), hooked, forward.HANDLERS)  # type: ignore[arg-type]
 
 
 def test_the_status_says_why_the_lane_is_off() -> None:

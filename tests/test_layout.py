@@ -200,3 +200,12 @@ def test_the_probe_would_see_a_forbidden_import() -> None:
          *IO_LIBRARIES], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
     )
     assert "asyncio" in json.loads(result.stdout)
+
+
+def test_every_proxied_path_is_spelled_once() -> None:
+    """The endpoints' table (``core/formats/endpoints.py``) is the only place a proxied
+    path is written: every other module derives what it needs from it."""
+    spelled = sorted(
+        str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
+        if path.name != "endpoints.py" and '"/v1/chat/completions"' in path.read_text())
+    assert spelled == []

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.formats.endpoints import ENDPOINTS
 from .reader import ConfigError
 
 __all__ = ["SHIPPED_TRACE", "TraceCall", "read_calls", "read_trace"]
@@ -155,7 +156,7 @@ def _json_call(line: str, where: str) -> TraceCall | None:
 
 # Seconds since the epoch of 2001: trace times past it are wall-clock times (access logs).
 ACCESS_LOG_EPOCH = 1e9
-GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATING_PATHS = frozenset(e.path for e in ENDPOINTS if e.generates)
 
 
 def _logged_call(row: dict[str, object], where: str) -> TraceCall | None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from .endpoints import PATH_OF
+
 WINDOW = re.compile(r"^([1-9][0-9]{0,3})(h|m)$")
 MAX_WINDOW_S = 7 * 24 * 3600
 FINISHED = ("completed", "failed", "expired", "cancelled")  # a batch's or a response's end
@@ -77,7 +79,7 @@ CHAT_PREFIX = "chatcmpl-bg-"  # a background chat completion's id (the rest: res
 
 def background_path(response_id: str) -> str:
     """The endpoint a background call runs on, from its id."""
-    return "/v1/chat/completions" if response_id.startswith(CHAT_PREFIX) else "/v1/responses"
+    return PATH_OF["chat" if response_id.startswith(CHAT_PREFIX) else "responses"]
 
 
 def response_doc(response_id: str, now: int, status: str, request: Mapping[str, Any],

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import orjson
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/completions")
+from .endpoints import ENDPOINTS
+
+BATCH_PATHS = tuple(e.path for e in ENDPOINTS if e.batch)
 MAX_CUSTOM_ID = 512
 
 

@@ -34,6 +34,7 @@ from ...core.call.plan import Plan
 from ...core.call.retry import parse_retry_after
 from ...core.call.route import Deployment
 from ...core.errors import InvalidRequest, ShuttingDown, UpstreamError
+from ...core.formats.endpoints import ENDPOINTS
 from ...core.formats.request import Kind
 from ...core.health.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
 from ...core.scheduling.scheduler import Rejection
@@ -156,13 +157,11 @@ async def forward(request: Incoming, path: str, kind: Kind) -> web.StreamRespons
                        usage.total if usage is not None else None)
 
 
-# The proxied routes (POST) and their handlers: partials, so a queued call holds no extra
-# coroutine frame. aiohttp's router and the fast lane (``proxy.http.lane.front``) serve these.
-_KINDS: dict[str, Kind] = {"/chat/completions": "chat", "/completions": "completions",
-                          "/responses": "responses", "/embeddings": "embeddings"}
-ROUTES: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
-    f"/v1{path}": functools.partial(forward, path=path, kind=kind)
-    for path, kind in _KINDS.items()
+# Each endpoint's handler (POST): partials, so a queued call holds no extra coroutine frame.
+# aiohttp's router and the fast lane (``proxy.http.lane.front``) serve these.
+HANDLERS: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
+    e.path: functools.partial(forward, path=e.path.removeprefix("/v1"), kind=e.kind)
+    for e in ENDPOINTS
 }
 
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from ...core.errors import InvalidRequest, ProxyError, RequestTooLarge
+from ...core.formats.endpoints import BY_PATH
 from ..base.access import CallRecord
 from ..base.appkeys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from ..base.edge import Incoming, client_request_id
@@ -21,8 +22,6 @@ from .service import SERVICE
 from .tracing import TRACE
 
 log = logging.getLogger(__name__)
-_PROXIED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
-                      "/v1/embeddings"})
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -132,7 +131,7 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
         if trace is not None:
             trace.end(status, record)
         path = request.path
-        if path in _PROXIED:
+        if path in BY_PATH:
             service.metrics.requests.get(record.tier or "none", str(status)).inc()
             service.live.call_ended(status, record, service.clock.now())
         access = request.app.get(ACCESS_LOG)

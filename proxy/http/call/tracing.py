@@ -19,28 +19,24 @@ from aiohttp import web
 
 from ...config.telemetry import TelemetrySettings
 from ...core.call.route import Deployment
+from ...core.formats.endpoints import BY_PATH
 from ..base.access import CallRecord
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span
 
-OPERATIONS = {"chat": "chat", "responses": "chat", "completions": "text_completion",
-              "embeddings": "embeddings"}
-_PROXIED = {f"/v1/{path}": kind for kind, path in (
-    ("chat", "chat/completions"), ("completions", "completions"),
-    ("responses", "responses"), ("embeddings", "embeddings"))}
 
 
 class CallTrace:
     """One call's spans; every one still open is ended with the call."""
 
-    __slots__ = ("_attempt", "_queue", "_tracing", "kind", "span")
+    __slots__ = ("_attempt", "_queue", "_tracing", "operation", "span")
 
-    def __init__(self, tracing: Tracing, span: Span, kind: str) -> None:
+    def __init__(self, tracing: Tracing, span: Span, operation: str) -> None:
         self._tracing = tracing
         self.span = span
-        self.kind = kind
+        self.operation = operation  # GenAI's name of what the endpoint does
         self._queue: Span | None = None
         self._attempt: Span | None = None
 
@@ -60,11 +56,11 @@ class CallTrace:
                 headers: dict[str, str]) -> None:
         """An upstream attempt starts; its ``traceparent`` goes into ``headers``."""
         self.attempted("abandoned")
-        span = self._tracing.child(f"{OPERATIONS[self.kind]} {deployment.model}", self.span,
+        span = self._tracing.child(f"{self.operation} {deployment.model}", self.span,
                                    client=True)
         span.set_attributes({
             "gen_ai.system": provider_kind, "gen_ai.provider.name": provider_kind,
-            "gen_ai.operation.name": OPERATIONS[self.kind],
+            "gen_ai.operation.name": self.operation,
             "gen_ai.request.model": deployment.model, "triage.deployment": deployment.id})
         self._tracing.inject(span, headers)
         self._attempt = span
@@ -86,9 +82,9 @@ class CallTrace:
         self.attempted("abandoned")
         span = self.span
         if record.model is not None:
-            span.update_name(f"{OPERATIONS[self.kind]} {record.model}")
+            span.update_name(f"{self.operation} {record.model}")
         found: dict[str, Any] = {
-            "http.response.status_code": status, "gen_ai.operation.name": OPERATIONS[self.kind],
+            "http.response.status_code": status, "gen_ai.operation.name": self.operation,
             "gen_ai.request.model": record.model, "triage.tier": record.tier,
             "triage.key": record.key, "triage.upstream": record.upstream,
             "triage.cache": record.cache, "error.type": record.code,
@@ -131,15 +127,15 @@ class Tracing:
     def begin(self, path: str, headers: Mapping[str, str]) -> CallTrace | None:
         """A proxied call's trace, continuing the client's ``traceparent`` (None: not a
         proxied path)."""
-        kind = _PROXIED.get(path)
-        if kind is None:
+        endpoint = BY_PATH.get(path)
+        if endpoint is None:
             return None
         parent = self._propagator.extract({k.lower(): v for k, v in headers.items()
                                            if k.lower() in ("traceparent", "tracestate")})
-        span = self._tracer.start_span(f"{OPERATIONS[kind]}", context=parent,
+        span = self._tracer.start_span(endpoint.operation, context=parent,
                                        kind=self._kinds.SERVER,
                                        attributes={"url.path": path})
-        return CallTrace(self, span, kind)
+        return CallTrace(self, span, endpoint.operation)
 
     def child(self, name: str, parent: Span, client: bool = False) -> Span:
         return self._tracer.start_span(

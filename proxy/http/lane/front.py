@@ -160,7 +160,7 @@ class FrontProtocol(BaseProtocol):
 
     async def _serve(self, request: FastRequest) -> None:
         try:
-            response = await guarded(request, self._front.routes[request.path])
+            response = await guarded(request, self._front.handlers[request.path])
             keep_alive = request.keep_alive and response.keep_alive is not False
             whole = whole_answer(response, keep_alive)
             if whole is None:
@@ -279,7 +279,7 @@ class FrontServer(web.Server):
     """aiohttp's server for the app, whose connections start in the fast lane."""
 
     def __init__(self, inner: web.Server, app: web.Application,
-                 routes: Mapping[str, Handler]) -> None:
+                 handlers: Mapping[str, Handler]) -> None:
         off_because = lane_off_because(app)
         if off_because is not None:
             raise RuntimeError(f"the fast lane cannot serve this app: {off_because}")
@@ -287,7 +287,7 @@ class FrontServer(web.Server):
         app[LANE].on = True
         self.inner = inner
         self.app = app
-        self.routes = routes
+        self.handlers = handlers
         self.loop = asyncio.get_running_loop()
         self.in_lane: set[FrontProtocol] = set()  # connections the lane serves now
         # The runner's settings for aiohttp's RequestHandler hold in the lane too.
@@ -296,7 +296,7 @@ class FrontServer(web.Server):
         self.lingering_s: float = settings["lingering_time"]
         self.handler_cancellation = inner.handler_cancellation
         self.tcp_keepalive: bool = settings["tcp_keepalive"]
-        self.reader = HeadReader(routes, app._client_max_size, settings["max_field_size"],
+        self.reader = HeadReader(handlers, app._client_max_size, settings["max_field_size"],
                                  settings["max_headers"])
 
     def __call__(self) -> FrontProtocol:  # type: ignore[override]
@@ -316,12 +316,12 @@ class FrontServer(web.Server):
 
 class FrontRunner(Runner):
     """The proxy's runner (``refusals.Runner``) whose server has the fast lane for
-    ``routes``."""
+    ``handlers``."""
 
-    def __init__(self, app: web.Application, routes: Mapping[str, Handler],
+    def __init__(self, app: web.Application, handlers: Mapping[str, Handler],
                  **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._routes = routes
+        self._handlers = handlers
 
     async def _make_server(self) -> web.Server:
-        return FrontServer(await super()._make_server(), self.app, self._routes)
+        return FrontServer(await super()._make_server(), self.app, self._handlers)

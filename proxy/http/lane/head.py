@@ -56,9 +56,9 @@ class HeadReader:
     """Reads heads within aiohttp's limits for the server (``max_field_size``,
     ``max_headers``) and the body limit of the app."""
 
-    def __init__(self, routes: Mapping[str, object], max_body: int, max_field_size: int,
+    def __init__(self, paths: Mapping[str, object], max_body: int, max_field_size: int,
                  max_headers: int) -> None:
-        self.routes = routes
+        self.paths = paths
         self.max_body = max_body
         self.max_headers = max_headers
         value = max(max_field_size - MAX_NAME - 1, 0)
@@ -69,7 +69,7 @@ class HeadReader:
     def _line(self, data: bytes | bytearray) -> re.Match[bytes] | None:
         """The request line, if it names a proxied route."""
         line = _LINE.match(data)
-        return line if line is not None and line[1].decode() in self.routes else None
+        return line if line is not None and line[1].decode() in self.paths else None
 
     def read(self, data: bytes | bytearray) -> Head | Other | None:
         """The head at the start of ``data``: a ``Head``, ``OTHER`` for aiohttp, or None

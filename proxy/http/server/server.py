@@ -119,7 +119,7 @@ def lane_runner(app: web.Application, settings: dict[str, Any]) -> web.AppRunner
         return None
     from ..lane.front import FrontRunner  # imported only where it can run
 
-    return FrontRunner(app, forward.ROUTES, **settings)
+    return FrontRunner(app, forward.HANDLERS, **settings)
 
 
 def run(config: Config, host: str, port: int, config_path: str | None = None,

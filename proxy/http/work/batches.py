@@ -25,7 +25,8 @@ from ...core.formats.batchdoc import (
     response_doc,
     window_s,
 )
-from ...core.formats.batchfile import ENDPOINTS, read_lines
+from ...core.formats.batchfile import BATCH_PATHS, read_lines
+from ...core.formats.endpoints import PATH_OF
 from ...core.formats.request import Call
 from ...store.sqlite import MAX_FILES_LISTED
 from ..base import edge
@@ -178,8 +179,8 @@ async def create_batch(request: web.Request) -> web.Response:
     owner, work = _owner(request)
     body = await _body(request)
     endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINTS:
-        raise InvalidRequest(f"endpoint: one of {', '.join(ENDPOINTS)}.", param="endpoint")
+    if endpoint not in BATCH_PATHS:
+        raise InvalidRequest(f"endpoint: one of {', '.join(BATCH_PATHS)}.", param="endpoint")
     window = body.get("completion_window", "24h")
     try:
         seconds = window_s(window if isinstance(window, str) else "")
@@ -283,7 +284,7 @@ async def create_background(request: Incoming, owner: str, call: Call) -> web.Re
 
 async def _background(request: Incoming, owner: str, call: Call) -> web.Response:
     work = request.app[WORK]
-    path = "/v1/chat/completions" if call.kind == "chat" else "/v1/responses"
+    path = PATH_OF["chat" if call.kind == "chat" else "responses"]
     if call.stream:
         raise InvalidRequest(f"background calls cannot stream here; poll GET {path}/{{id}}.",
                              param="stream")
