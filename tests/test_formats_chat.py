@@ -1,12 +1,12 @@
 """OpenAI Chat Completions answers ↔ events: the API reference's own payloads decoded, and
 what the encoders write checked against OpenAI's spec and read by the official SDK (in
-process, through httpx's mock transport: no socket)."""
+process, through the mock transport of httpx2, the SDK's HTTP client: no socket)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -109,7 +109,8 @@ def test_streams_decode_to_their_events(stream: bytes, events: list[Event]) -> N
 
 def test_a_chunk_that_is_not_json_ends_the_stream_in_an_error() -> None:
     events = decode(b'data: {"id": "x", "choi\n\ndata: [DONE]\n\n')
-    assert [type(e) for e in events] == [Error] and events[0].status == 502
+    assert [type(e) for e in events] == [Error] and isinstance(events[0], Error)
+    assert events[0].status == 502
 
 
 def test_whole_answers_decode_to_the_same_events() -> None:
@@ -140,11 +141,12 @@ def test_error_bodies_both_ways() -> None:
         "queue_full"
 
 
-ANSWER = [Start("msg_01", "claude-sonnet-4-5"), ThinkingDelta("Hmm."), TextDelta("Let me "),
-          TextDelta("look."), ToolCallStart(0, "toolu_01", "get_weather"),
-          ToolArgsDelta(0, '{"city":'), ToolArgsDelta(0, ' "Paris"}'),
-          ToolCallStart(1, "toolu_02", "get_time"), Finish("tool_calls"),
-          Usage(2095, 503, cache_read=2000, cache_write=50), End()]
+ANSWER: list[Event] = [
+    Start("msg_01", "claude-sonnet-4-5"), ThinkingDelta("Hmm."), TextDelta("Let me "),
+    TextDelta("look."), ToolCallStart(0, "toolu_01", "get_weather"),
+    ToolArgsDelta(0, '{"city":'), ToolArgsDelta(0, ' "Paris"}'),
+    ToolCallStart(1, "toolu_02", "get_time"), Finish("tool_calls"),
+    Usage(2095, 503, cache_read=2000, cache_write=50), End()]
 
 
 def frames(stream: bytes) -> list[bytes]:
@@ -191,10 +193,10 @@ def test_the_answer_written_is_openais() -> None:
 
 
 def sdk(answer: bytes, content_type: str) -> Iterator[openai.OpenAI]:
-    def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=answer, headers={"content-type": content_type})
+    def reply(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=answer, headers={"content-type": content_type})
 
-    with httpx.Client(transport=httpx.MockTransport(reply)) as http:
+    with httpx2.Client(transport=httpx2.MockTransport(reply)) as http:
         yield openai.OpenAI(api_key="k", base_url="http://proxy.invalid/v1", http_client=http)
 
 

@@ -199,11 +199,12 @@ def test_error_bodies_are_read() -> None:
         503, "upstream connect error")
 
 
-ANSWER = [Start("chatcmpl-9", "gpt-4o"), TextDelta("Let me "), TextDelta("look."),
-          ToolCallStart(0, "call_1", "get_weather"), ToolArgsDelta(0, '{"city":'),
-          ToolCallStart(1, "call_2", "get_time"), ToolArgsDelta(0, ' "Paris"}'),
-          ToolArgsDelta(1, "{}"), ThinkingDelta("so"), ThinkingDelta("", "sig"),
-          Finish("tool_calls"), Usage(1117, 46, cache_read=1024), End()]
+ANSWER: list[Event] = [
+    Start("chatcmpl-9", "gpt-4o"), TextDelta("Let me "), TextDelta("look."),
+    ToolCallStart(0, "call_1", "get_weather"), ToolArgsDelta(0, '{"city":'),
+    ToolCallStart(1, "call_2", "get_time"), ToolArgsDelta(0, ' "Paris"}'),
+    ToolArgsDelta(1, "{}"), ThinkingDelta("so"), ThinkingDelta("", "sig"),
+    Finish("tool_calls"), Usage(1117, 46, cache_read=1024), End()]
 
 
 def events_written(stream: bytes) -> list[tuple[bytes, dict[str, object]]]:

