@@ -362,3 +362,15 @@ def test_any_body_translates_or_is_refused_as_a_bad_request(body: dict[str, Any]
     for translate in (to_messages, to_chat):
         with contextlib.suppress(InvalidRequest):
             translate(body)
+
+
+@pytest.mark.parametrize(("chat", "anthropic"), [
+    ("auto", {"type": "auto"}), ("none", {"type": "none"}), ("required", {"type": "any"}),
+    ({"type": "function", "function": {"name": "f"}}, {"type": "tool", "name": "f"})])
+def test_tool_choice_both_ways(chat: Any, anthropic: dict[str, Any]) -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    sent = to_messages({"model": "m", "messages": HELLO, "tools": tools, "tool_choice": chat})
+    assert sent.body["tool_choice"] == anthropic
+    back = to_chat({"model": "m", "max_tokens": 1, "messages": HELLO, "tool_choice": anthropic,
+                    "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+    assert back.body["tool_choice"] == chat
