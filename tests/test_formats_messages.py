@@ -1,8 +1,13 @@
 """Anthropic Messages answers ↔ events: the docs' own payloads decoded, and what the
-encoders write checked against Anthropic's spec, event by event."""
+encoders write checked against Anthropic's spec, event by event, and read by the official
+SDK (in process, through the mock transport of httpx2, the SDK's HTTP client: no socket)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import anthropic
+import httpx2
 import orjson
 import pytest
 
@@ -253,3 +258,33 @@ def test_the_answer_written_is_anthropics() -> None:
     with pytest.raises(UpstreamBadResponse):
         messages.encode_answer([Start("m", "x"), ToolCallStart(0, "c", "f"),
                                 ToolArgsDelta(0, "[1]"), End()])
+
+
+def sdk(answer: bytes, content_type: str) -> Iterator[anthropic.Anthropic]:
+    def reply(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=answer, headers={"content-type": content_type})
+
+    with httpx2.Client(transport=httpx2.MockTransport(reply)) as http:
+        yield anthropic.Anthropic(api_key="k", base_url="http://proxy.invalid", http_client=http)
+
+
+def test_the_anthropic_sdk_reads_the_stream_the_error_and_the_answer() -> None:
+    encoder = messages.MessagesStreamEncoder(input_tokens=1100)
+    for client in sdk(b"".join(encoder.encode(event) for event in ANSWER), "text/event-stream"):
+        with client.messages.stream(model="m", max_tokens=9, messages=[]) as reading:
+            final = reading.get_final_message()
+        assert [block.type for block in final.content] == [
+            "text", "tool_use", "tool_use", "thinking"]
+        assert final.content[1].type == "tool_use" and final.content[1].input == {"city": "Paris"}
+        assert (final.stop_reason, final.usage.output_tokens,
+                final.usage.cache_read_input_tokens) == ("tool_use", 46, 1024)
+    encoder = messages.MessagesStreamEncoder()
+    broken = b"".join(encoder.encode(event) for event in (
+        Start("m", "x"), TextDelta("Hi"), Error(529, "Overloaded", "overloaded_error")))
+    for client in sdk(broken, "text/event-stream"):
+        with (pytest.raises(anthropic.APIStatusError, match="Overloaded"),
+              client.messages.stream(model="m", max_tokens=9, messages=[]) as reading):
+            reading.get_final_message()
+    for client in sdk(messages.encode_answer(ANSWER), "application/json"):
+        answer = client.messages.create(model="m", max_tokens=9, messages=[])
+        assert answer.content[0].type == "text" and answer.content[0].text == "Let me look."
