@@ -6,15 +6,14 @@ from ...core.call.estimate import relative_error
 from ...core.call.plan import Plan
 from ...core.call.route import Deployment
 from ...core.engine import Usage
-from .service import Service
+from ..base.metrics import Metrics
 
 
-def record_usage(service: Service, plan: Plan, deployment: Deployment, usage: Usage,
+def record_usage(metrics: Metrics, plan: Plan, deployment: Deployment, usage: Usage,
                  predicted_s: float, took_s: float, service_tier: str | None = None) -> float:
     """``predicted_s``: the service time the scheduler was told; ``took_s``: the truth;
     ``service_tier``: the provider tier it was sent with, priced as such. Returns the
     call's cost in dollars (its key's budget settles it: ``budget.settle``)."""
-    metrics = service.metrics
     metrics.tokens.get(deployment.provider, "prompt").inc(usage.prompt_tokens)
     metrics.tokens.get(deployment.provider, "completion").inc(usage.completion_tokens)
     cost = deployment.cost(usage.prompt_tokens, usage.completion_tokens, service_tier)

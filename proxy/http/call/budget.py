@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
-from ...core.call.attempts import Command, Queue
+from ...core.call.attempts import Attempts, Command, Queue
 from ...core.call.budgets import HELD, TOO_BIG, Refusal, Reservation, call_cost
 from ...core.call.plan import Plan
 from ...core.call.route import Deployment
+from ...core.clock import Clock
 from ...core.errors import BudgetExceeded
+from ...core.scheduling.scheduler import Scheduler
 from ...core.scheduling.tickets import Ticket
-
-if TYPE_CHECKING:
-    from .forward import Exchange
-    from .service import Service
+from ...state.base import BudgetBook
 
 HELD_POLL_S = 0.5
 HELD_MARGIN_S = 0.05  # a held call is refused this long before its deadline, not after
@@ -66,62 +64,71 @@ def budget_exceeded(refusal: Refusal) -> BudgetExceeded:
         f"{budget.period}.", retry_after=refusal.retry_after_s)
 
 
-def arrival(service: Service, plan: Plan) -> None:
-    """A new call: BudgetExceeded if what its key spent leaves no room for it (at its
-    cheapest candidate's estimate)."""
-    if plan.caller not in service.budgets.budgets:
-        return
-    estimate = min(call_cost(plan, d, d.service_tier(plan.tier_name))[0]
-                   for d in plan.route.candidates)
-    refusal = service.budgets.check(plan.caller, estimate, service.clock.wall())
-    if refusal is not None:
-        raise budget_exceeded(refusal)
+class BudgetGate:
+    """The keys' spend budgets on the call path: checked on arrival, reserved at dispatch,
+    settled when an attempt ends; a held call waits here, holding nothing."""
 
+    def __init__(self, book: BudgetBook, clock: Clock, scheduler: Scheduler) -> None:
+        self.book = book
+        self._clock = clock
+        self._scheduler = scheduler
+        self._held = HeldCalls()
 
-async def reserve(service: Service, exchange: Exchange, deployment_id: str) -> bool:
-    """At dispatch through ``deployment_id``, for a key with a budget (the caller checks):
-    True if the call may go (its reservation kept on the exchange), False if the rule holds
-    it (``hold``); BudgetExceeded if it is refused."""
-    plan, attempts = exchange.plan, exchange.attempts
-    deployment = attempts.candidate(deployment_id)
-    estimate, maximum = call_cost(plan, deployment, attempts.tier_for(deployment))
-    got = await service.budgets.reserve(plan.caller, estimate, maximum, service.clock.wall())
-    if got is None or isinstance(got, Reservation):
-        exchange.reservation = got
-        return True
-    if got.reason == HELD:
-        return False
-    raise budget_exceeded(got)
+    def covers(self, key: str) -> bool:
+        """Whether ``key`` has a budget now."""
+        return key in self.book.budgets
 
+    def arrival(self, plan: Plan) -> None:
+        """A new call: BudgetExceeded if what its key spent leaves no room for it (at its
+        cheapest candidate's estimate)."""
+        if plan.caller not in self.book.budgets:
+            return
+        estimate = min(call_cost(plan, d, d.service_tier(plan.tier_name))[0]
+                       for d in plan.route.candidates)
+        refusal = self.book.check(plan.caller, estimate, self._clock.wall())
+        if refusal is not None:
+            raise budget_exceeded(refusal)
 
-async def hold(service: Service, exchange: Exchange, ticket: Ticket) -> Command:
-    """The call is held: its slot goes back, and it queues again once a call of its key
-    settled here or ``HELD_POLL_S`` passed; refused if its deadline is nearer."""
-    now = service.clock.now()
-    service.scheduler.give_back(ticket, now)
-    left = ticket.deadline - now - HELD_MARGIN_S
-    if not left > 0:
-        budget = service.budgets.budgets[exchange.plan.caller]
-        raise budget_exceeded(Refusal(HELD, exchange.plan.caller, budget, 0.0, 1.0))
-    await service.held_calls.wait(exchange.plan.caller, min(HELD_POLL_S, left))
-    return Queue(ticket)
+    async def reserve(self, attempts: Attempts, deployment_id: str
+                      ) -> tuple[bool, Reservation | None]:
+        """At dispatch through ``deployment_id``, for a key with a budget (``covers``):
+        (True, its reservation) if the call may go, (False, None) if the rule holds it
+        (``hold``); BudgetExceeded if it is refused."""
+        plan = attempts.plan
+        deployment = attempts.candidate(deployment_id)
+        estimate, maximum = call_cost(plan, deployment, attempts.tier_for(deployment))
+        got = await self.book.reserve(plan.caller, estimate, maximum, self._clock.wall())
+        if got is None or isinstance(got, Reservation):
+            return True, got
+        if got.reason == HELD:
+            return False, None
+        raise budget_exceeded(got)
 
+    async def hold(self, key: str, ticket: Ticket) -> Command:
+        """The call is held: its slot goes back, and it queues again once a call of its key
+        settled here or ``HELD_POLL_S`` passed; refused if its deadline is nearer."""
+        now = self._clock.now()
+        self._scheduler.give_back(ticket, now)
+        left = ticket.deadline - now - HELD_MARGIN_S
+        if not left > 0:
+            raise budget_exceeded(Refusal(HELD, key, self.book.budgets[key], 0.0, 1.0))
+        await self._held.wait(key, min(HELD_POLL_S, left))
+        return Queue(ticket)
 
-def settle(service: Service, exchange: Exchange, deployment: Deployment | None,
-           cost: float | None) -> None:
-    """The call's attempt through ``deployment`` ended (None: it was never sent) having
-    cost ``cost`` (None: not known, so its estimate if it was sent): its reservation is
-    settled. A call of a key that had no budget when it was dispatched is counted too."""
-    reservation, book, key = exchange.reservation, service.budgets, exchange.plan.caller
-    if reservation is None and key not in book.budgets:
-        return
-    exchange.reservation = None
-    if cost is None:
-        cost = 0.0 if deployment is None else (
-            reservation.estimate if reservation is not None
-            else call_cost(exchange.plan, deployment, exchange.attempts.service_tier)[0])
-    if reservation is not None:
-        book.settle(reservation, cost)
-        service.held_calls.wake(key)
-    else:
-        book.spend(key, cost, service.clock.wall())
+    def settle(self, attempts: Attempts, reservation: Reservation | None,
+               deployment: Deployment | None, cost: float | None) -> None:
+        """The call's attempt through ``deployment`` ended (None: it was never sent) having
+        cost ``cost`` (None: not known, so its estimate if it was sent): its reservation is
+        settled. A call of a key that had no budget when it was dispatched is counted too."""
+        key = attempts.plan.caller
+        if reservation is None and key not in self.book.budgets:
+            return
+        if cost is None:
+            cost = 0.0 if deployment is None else (
+                reservation.estimate if reservation is not None
+                else call_cost(attempts.plan, deployment, attempts.service_tier)[0])
+        if reservation is not None:
+            self.book.settle(reservation, cost)
+            self._held.wake(key)
+        else:
+            self.book.spend(key, cost, self._clock.wall())

@@ -6,18 +6,16 @@ the identical call's in flight here, then the fleet's in Redis."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ...core.call.plan import Plan
+from ...core.clock import Clock
 from ...core.formats.request import Call
 from ..base.appkeys import RECORD, REQUEST_ID
 from ..base.edge import Incoming
-from .cache import Entry, replay
-
-if TYPE_CHECKING:  # at run time a cycle: the service builds the semantic cache, which imports this
-    from .forward import Exchange
-    from .service import Service
+from ..base.metrics import Metrics
+from .cache import Entry, ResponseCache, replay
 
 
 def hit_response(request: Incoming, call: Call, entry: Entry, outcome: str, tier_name: str,
@@ -38,41 +36,42 @@ def hit_response(request: Incoming, call: Call, entry: Entry, outcome: str, tier
                         headers=shown, content_type="text/event-stream")
 
 
-def cache_hit(service: Service, exchange: Exchange, tier_name: str,
-              waited_s: float | None = None) -> web.Response | None:
-    """This replica's cached answer to the call, if there is one now: no slot, no upstream
-    tokens, no cost, no budget."""
-    call, request = exchange.plan.call, exchange.request
-    fingerprint = exchange.fingerprint
-    entry = None if fingerprint is None else service.cache.get(call.model, fingerprint)
-    if entry is None:
-        return None
-    service.metrics.cache_lookups.get(call.model, "hit").inc()
-    return hit_response(request, call, entry, "hit", tier_name,
-                        exchange.attempts.queue_s if waited_s is None else waited_s)
+class CacheHits:
+    """The response cache's answers to a call (see the module)."""
 
+    def __init__(self, cache: ResponseCache, metrics: Metrics, clock: Clock) -> None:
+        self._cache, self._metrics, self._clock = cache, metrics, clock
 
-async def follow(service: Service, exchange: Exchange) -> web.Response | None:
-    """An identical call is on its way upstream: wait for it (no slot held, at most until
-    this call's own deadline), then answer from the cache if it left an answer there."""
-    fingerprint, plan = exchange.fingerprint, exchange.plan
-    flight = None if fingerprint is None else service.cache.flight(fingerprint)
-    if flight is None:
-        return None
-    started = service.clock.now()
-    try:
-        async with asyncio.timeout(max(plan.deadline - started, 0.0)):
-            await flight.wait()
-    except TimeoutError:
-        return None  # the queue refuses it in its turn
-    return cache_hit(service, exchange, plan.tier_name, service.clock.now() - started)
+    def hit(self, request: Incoming, plan: Plan, fingerprint: bytes | None, tier_name: str,
+            waited_s: float) -> web.Response | None:
+        """This replica's cached answer to the call, if there is one now: no slot, no
+        upstream tokens, no cost, no budget."""
+        call = plan.call
+        entry = None if fingerprint is None else self._cache.get(call.model, fingerprint)
+        if entry is None:
+            return None
+        self._metrics.cache_lookups.get(call.model, "hit").inc()
+        return hit_response(request, call, entry, "hit", tier_name, waited_s)
 
+    async def follow(self, request: Incoming, plan: Plan,
+                     fingerprint: bytes | None) -> web.Response | None:
+        """An identical call is on its way upstream: wait for it (no slot held, at most until
+        this call's own deadline), then answer from the cache if it left an answer there."""
+        flight = None if fingerprint is None else self._cache.flight(fingerprint)
+        if flight is None:
+            return None
+        started = self._clock.now()
+        try:
+            async with asyncio.timeout(max(plan.deadline - started, 0.0)):
+                await flight.wait()
+        except TimeoutError:
+            return None  # the queue refuses it in its turn
+        return self.hit(request, plan, fingerprint, plan.tier_name, self._clock.now() - started)
 
-async def fleet_cache_hit(service: Service, exchange: Exchange) -> web.Response | None:
-    """The fleet's cached answer (redis backend: one round trip, a miss if Redis is slow
-    or away). The call asking is the one identical calls here wait for."""
-    fingerprint = exchange.fingerprint
-    if fingerprint is None or await service.cache.recall(exchange.plan.call.model,
-                                                         fingerprint) is None:
-        return None
-    return cache_hit(service, exchange, exchange.plan.tier_name, 0.0)
+    async def fleet_hit(self, request: Incoming, plan: Plan,
+                        fingerprint: bytes) -> web.Response | None:
+        """The fleet's cached answer (redis backend: one round trip, a miss if Redis is slow
+        or away). The call asking is the one identical calls here wait for."""
+        if await self._cache.recall(plan.call.model, fingerprint) is None:
+            return None
+        return self.hit(request, plan, fingerprint, plan.tier_name, 0.0)

@@ -19,9 +19,9 @@ from ...core.value import value
 from ..base.appkeys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import FAREWELL_S, uncancel
 from ..base.edge import Incoming, upstream_headers
+from ..base.metrics import Metrics
 from ..upstream.upstream import UpstreamResponse
 from .events import event_stream
-from .service import Service
 from .watchdog import ClientGone, Watchdog
 
 # An event ends at a blank line; lines end in CRLF, LF or CR (a CR last in a chunk waits
@@ -269,7 +269,8 @@ def _hang_up(request: Incoming) -> None:
 
 
 async def relay(
-    service: Service,
+    metrics: Metrics,
+    write_timeout_s: float,
     request: Incoming,
     headers: dict[str, str],
     deployment: Deployment,
@@ -284,7 +285,7 @@ async def relay(
     ``response.completed``/``incomplete``/``failed``) was cut."""
     headers.setdefault("cache-control", "no-cache")
     answer = event_stream(request, headers)
-    timeout_s = service.config.limits.write_timeout_s
+    timeout_s = write_timeout_s
     tally = StreamTally(strip_usage, keep_bytes)
     verdict = SUCCESS
     request[COMMITTED] = True
@@ -318,7 +319,7 @@ async def relay(
     except UpstreamError as exc:
         verdict = FAILURE
         request[RECORD].code = exc.code
-        service.metrics.stream_errors.get(deployment.provider, exc.code).inc()
+        metrics.stream_errors.get(deployment.provider, exc.code).inc()
         # Only whole events were relayed: the error event is the next one, and parses.
         event = error_event(f"upstream stream failed: {exc.message}", exc.code)
         try:
@@ -344,7 +345,7 @@ async def relay(
     except ClientGone:
         verdict = ABANDONED
         request[RECORD].code = "client_gone"
-        service.metrics.stream_errors.get(deployment.provider, "client_gone").inc()
+        metrics.stream_errors.get(deployment.provider, "client_gone").inc()
         _hang_up(request)
     finally:
         watchdog.stop()

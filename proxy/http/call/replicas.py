@@ -11,104 +11,114 @@ from ...core.call.attempts import Attempts, Command, Send
 from ...core.call.classify import Principal
 from ...core.call.plan import Plan
 from ...core.call.route import Deployment
+from ...core.clock import Clock
+from ...core.engine import Engine
 from ...core.errors import RateLimited
 from ...core.health.fleet import Verdict
 from ...core.scheduling.capacity import GROW_EVERY_S
 from ...core.scheduling.scheduler import Ticket
-from ...state.base import Lease
-from .service import Service
+from ...state.base import Lease, State
+from ..base.metrics import Metrics
 
 
-async def grant(service: Service, attempts: Attempts,
-                deployment_id: str) -> tuple[Command, Lease | None]:
-    """``Attempts.granted`` with shared state (the caller calls ``granted`` itself
-    without): first a slot of the provider leased across replicas (the lease is returned
-    while the call is sent)."""
-    deployment = attempts.candidate(deployment_id)
-    tokens = attempts.tokens(deployment)
-    got = await _lease(service, attempts, deployment, tokens)
-    if not isinstance(got, Lease):
-        return got, None
-    command = attempts.granted(deployment_id, service.clock.now())
-    if isinstance(command, Send):
-        return command, got
-    end_attempt(service, deployment, tokens, None, got, None)
-    return command, None
+class Replicas:
+    """What a call asks of the state shared across replicas (see the module)."""
 
+    def __init__(self, shared: State, engine: Engine, metrics: Metrics, clock: Clock) -> None:
+        self.shared = shared
+        self._engine = engine
+        self._metrics = metrics
+        self._clock = clock
 
-async def _lease(service: Service, attempts: Attempts, deployment: Deployment,
-                 tokens: int) -> Lease | Command:
-    """The lease, or what to do instead (``leases``)."""
-    shared, clock = service.shared, service.clock
-    now = clock.now()
-    ask = leases.lease_ask(attempts, deployment, now)
-    try:
-        lease = await shared.lease(ask.provider, ask.limit, ask.rank, ask.waited_s,
-                                   ask.max_wait_s, ask.key, ask.key_weight, ask.charged_s)
-    except TimeoutError:
-        return leases.lease_timed_out(attempts, clock.now())
-    finally:
-        service.metrics.shared_wait.observe(clock.now() - now)
-    if lease is None:
-        return leases.lease_lost(attempts, clock.now())
-    provider = service.engine.providers[deployment.provider]
-    kept = False
-    try:
-        wait_s = await shared.take_rate("provider:" + provider.name, provider.rpm,
-                                        provider.tpm, tokens)
-        kept = wait_s <= 0
-    finally:
-        if not kept:  # spent, cancelled, or refused (reject mode): the slot goes back
-            shared.release(lease)
-    if not kept:
-        return leases.rate_spent(attempts, provider.name, wait_s, clock.now())
-    return lease
+    @property
+    def across_replicas(self) -> bool:
+        return self.shared.across_replicas
 
+    async def grant(self, attempts: Attempts, deployment_id: str
+                    ) -> tuple[Command, Lease | None]:
+        """``Attempts.granted`` with shared state (the caller calls ``granted`` itself
+        without): first a slot of the provider leased across replicas (the lease is
+        returned while the call is sent)."""
+        deployment = attempts.candidate(deployment_id)
+        tokens = attempts.tokens(deployment)
+        got = await self._lease(attempts, deployment, tokens)
+        if not isinstance(got, Lease):
+            return got, None
+        command = attempts.granted(deployment_id, self._clock.now())
+        if isinstance(command, Send):
+            return command, got
+        self.end_attempt(deployment, tokens, None, got, None)
+        return command, None
 
-def make_room(service: Service, attempts: Attempts, ticket: Ticket) -> None:
-    """Before ``ticket`` queues here: a less urgent waiter in Redis sent back to its local
-    queue where ``leases.withdrawals`` says so."""
-    shared = service.shared
-    if not shared.across_replicas:
-        return
-    for provider, below in leases.withdrawals(attempts, ticket):
-        if shared.withdraw_below(provider, below):
+    async def _lease(self, attempts: Attempts, deployment: Deployment,
+                     tokens: int) -> Lease | Command:
+        """The lease, or what to do instead (``leases``)."""
+        shared, clock = self.shared, self._clock
+        now = clock.now()
+        ask = leases.lease_ask(attempts, deployment, now)
+        try:
+            lease = await shared.lease(ask.provider, ask.limit, ask.rank, ask.waited_s,
+                                       ask.max_wait_s, ask.key, ask.key_weight, ask.charged_s)
+        except TimeoutError:
+            return leases.lease_timed_out(attempts, clock.now())
+        finally:
+            self._metrics.shared_wait.observe(clock.now() - now)
+        if lease is None:
+            return leases.lease_lost(attempts, clock.now())
+        provider = self._engine.providers[deployment.provider]
+        kept = False
+        try:
+            wait_s = await shared.take_rate("provider:" + provider.name, provider.rpm,
+                                            provider.tpm, tokens)
+            kept = wait_s <= 0
+        finally:
+            if not kept:  # spent, cancelled, or refused (reject mode): the slot goes back
+                shared.release(lease)
+        if not kept:
+            return leases.rate_spent(attempts, provider.name, wait_s, clock.now())
+        return lease
+
+    def make_room(self, attempts: Attempts, ticket: Ticket) -> None:
+        """Before ``ticket`` queues here: a less urgent waiter in Redis sent back to its
+        local queue where ``leases.withdrawals`` says so."""
+        if not self.shared.across_replicas:
             return
+        for provider, below in leases.withdrawals(attempts, ticket):
+            if self.shared.withdraw_below(provider, below):
+                return
 
+    def end_attempt(self, deployment: Deployment, tokens: int, used: int | None,
+                    lease: Lease | None, verdict: Verdict | None) -> None:
+        """An attempt is over: its slot back, its buckets reconciled
+        (``leases.reconciliation``), a 429's cut told to every replica."""
+        shared = self.shared
+        if not shared.across_replicas:
+            return
+        if lease is not None:
+            shared.release(lease)
+        provider = self._engine.providers[deployment.provider]
+        reconciled = leases.reconciliation(tokens, used, verdict)
+        shared.reconcile_rate("provider:" + provider.name, provider.rpm, provider.tpm,
+                              reconciled.requests, reconciled.tokens)
+        if reconciled.cut_limit:
+            shared.limit_cut(provider.name, self._engine.scheduler.capacity(provider.name),
+                             GROW_EVERY_S)
 
-def end_attempt(service: Service, deployment: Deployment, tokens: int, used: int | None,
-                lease: Lease | None, verdict: Verdict | None) -> None:
-    """An attempt is over: its slot back, its buckets reconciled (``leases.reconciliation``),
-    a 429's cut told to every replica."""
-    shared = service.shared
-    if not shared.across_replicas:
-        return
-    if lease is not None:
-        shared.release(lease)
-    provider = service.engine.providers[deployment.provider]
-    reconciled = leases.reconciliation(tokens, used, verdict)
-    shared.reconcile_rate("provider:" + provider.name, provider.rpm, provider.tpm,
-                          reconciled.requests, reconciled.tokens)
-    if reconciled.cut_limit:
-        shared.limit_cut(provider.name, service.scheduler.capacity(provider.name),
-                         GROW_EVERY_S)
+    async def take_key(self, principal: Principal, plan: Plan) -> bool:
+        """With shared state (the caller checks), the key's share of its shared rpm/tpm:
+        True if taken (reconcile it with ``reconcile_key``); RateLimited if the key is over
+        its limit."""
+        if principal.rpm is None and principal.tpm is None:
+            return False
+        wait_s = await self.shared.take_rate("key:" + principal.name, principal.rpm,
+                                             principal.tpm, plan.tokens)
+        if wait_s > 0:
+            raise RateLimited(f"The key '{principal.name}' is over its rate limit.",
+                              retry_after=wait_s)
+        return True
 
-
-async def take_key(service: Service, principal: Principal, plan: Plan) -> bool:
-    """With shared state (the caller checks), the key's share of its shared rpm/tpm: True
-    if taken (reconcile it with ``reconcile_key``); RateLimited if the key is over its limit."""
-    if principal.rpm is None and principal.tpm is None:
-        return False
-    wait_s = await service.shared.take_rate("key:" + principal.name, principal.rpm,
-                                            principal.tpm, plan.tokens)
-    if wait_s > 0:
-        raise RateLimited(f"The key '{principal.name}' is over its rate limit.",
-                          retry_after=wait_s)
-    return True
-
-
-def reconcile_key(service: Service, principal: Principal, plan: Plan, sent: bool,
-                  used: int | None) -> None:
-    service.shared.reconcile_rate("key:" + principal.name, principal.rpm, principal.tpm,
-                                  0 if sent else 1, plan.tokens - (used or 0) if sent
-                                  else plan.tokens)
+    def reconcile_key(self, principal: Principal, plan: Plan, sent: bool,
+                      used: int | None) -> None:
+        self.shared.reconcile_rate("key:" + principal.name, principal.rpm, principal.tpm,
+                                   0 if sent else 1, plan.tokens - (used or 0) if sent
+                                   else plan.tokens)

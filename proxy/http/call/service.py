@@ -27,8 +27,11 @@ from ..base.metrics import Metrics
 from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
-from .budget import HeldCalls
+from .budget import BudgetGate
 from .cache import ResponseCache
+from .forward import Forwarder
+from .homes import Homes
+from .replicas import Replicas
 from .semantic_cache import SemanticCache
 from .tracing import Tracing
 
@@ -72,7 +75,6 @@ class Service:
         self.shared = shared or open_state(config.state)
         # The keys' spend budgets: this process's, or the fleet's through Redis.
         self.budgets = self.shared.budgets(budgets_of(config), config.timezone, clock.wall)
-        self.held_calls = HeldCalls()
         answers = self.shared.answers
         if answers is not None:
             answers.on_error = lambda operation: self.metrics.cache_shared_errors.get(
@@ -89,6 +91,13 @@ class Service:
         )
         self.scheduler = self.engine.scheduler
         self.admission = Admission(self.scheduler, clock)
+        self.forwarder = Forwarder(
+            clock=clock, counter=counter, auth=self.auth, limits=config.limits,
+            engine=self.engine, admission=self.admission, cache=self.cache,
+            semantic=self.semantic, budgets=BudgetGate(self.budgets, clock, self.scheduler),
+            replicas=Replicas(self.shared, self.engine, self.metrics, clock),
+            homes=Homes(self.engine, self.shared.answers), metrics=self.metrics,
+            upstreams=self.upstreams)
         self._configure_shared()
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
@@ -217,6 +226,7 @@ class Service:
             self.upstreams[name] = upstream
         self.config = config
         self.auth = Authenticator(config.keys, config.auth_required, self.internal_token)
+        self.forwarder.reconfigure(self.auth, config.limits)
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
         self.semantic.configure(config.models)

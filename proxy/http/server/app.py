@@ -18,6 +18,7 @@ from ..base.access import AccessLog
 from ..base.appkeys import ACCESS_LOG, BACKGROUND, LANE, LIFECYCLE, LaneStatus
 from ..base.drain import Lifecycle
 from ..call import forward
+from ..call.forward import FORWARDER
 from ..call.middleware import REQUEST_IDS, RequestIds, errors_middleware
 from ..call.service import SERVICE, Service
 from ..call.tracing import Tracing
@@ -84,6 +85,7 @@ def build_app(
                           counter or TokenCounter.load(), make_upstream=upstream_factory,
                           internal_token=internal_token)
         app[SERVICE] = service
+        app[FORWARDER] = service.forwarder
         if config.telemetry.otlp_endpoint is not None:
             service.tracing = Tracing(config.telemetry, span_exporter)
         app[WORK] = Work(config, service.clock, service.internal_token, service.metrics,
