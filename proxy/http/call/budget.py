@@ -74,10 +74,6 @@ class BudgetGate:
         self._scheduler = scheduler
         self._held = HeldCalls()
 
-    def covers(self, key: str) -> bool:
-        """Whether ``key`` has a budget now."""
-        return key in self.book.budgets
-
     def arrival(self, plan: Plan) -> None:
         """A new call: BudgetExceeded if what its key spent leaves no room for it (at its
         cheapest candidate's estimate)."""
@@ -91,7 +87,7 @@ class BudgetGate:
 
     async def reserve(self, attempts: Attempts, deployment_id: str
                       ) -> tuple[bool, Reservation | None]:
-        """At dispatch through ``deployment_id``, for a key with a budget (``covers``):
+        """At dispatch through ``deployment_id``, for a key with a budget (in ``book``):
         (True, its reservation) if the call may go, (False, None) if the rule holds it
         (``hold``); BudgetExceeded if it is refused."""
         plan = attempts.plan

@@ -6,14 +6,13 @@ commands: wait in the scheduler, send to a deployment, back off, answer. Every d
 this module only does the I/O and reports what happened. The ``Forwarder`` is given the
 objects it uses when the app starts (``Service`` builds it); each endpoint's handler reaches
 it through ``FORWARDER``. What a call holds (its key's rate-limit share, a cache flight,
-a budget reservation, a lease across replicas) is given back on one exit stack, whatever
-way the call ends.
+a budget reservation, a lease across replicas) is given back from one stack, in reverse,
+whatever way the call ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -152,7 +151,7 @@ class Forwarder:
             if found is not None:  # a miss: its answer is kept whole (in _send)
                 exchange.semantic = found
                 exchange.fingerprint = exchange.fingerprint or found.fingerprint
-        held = contextlib.ExitStack()
+        held: list[Callable[[], object]] = []  # what the call holds: given back in reverse
         try:
             fingerprint = exchange.fingerprint
             if fingerprint is not None and cacheable:
@@ -161,17 +160,18 @@ class Forwarder:
                     if hit is not None:
                         return hit
                 if cache.flight(fingerprint) is None:
-                    held.callback(cache.land, fingerprint, cache.take_off(fingerprint))
+                    held.append(functools.partial(cache.land, fingerprint,
+                                                  cache.take_off(fingerprint)))
                     if cache.across_replicas:  # the fleet's, before the upstream
                         hit = await self._hits.fleet_hit(request, plan, fingerprint)
                         if hit is not None:
                             return hit
                 self._metrics.cache_lookups.get(call.model, "miss").inc()
             self._budgets.arrival(plan)
-            held.callback(self._ended, exchange)
+            held.append(functools.partial(self._ended, exchange))
             if self._replicas.across_replicas and await self._replicas.take_key(principal,
                                                                                  plan):
-                held.callback(self._reconcile_key, exchange, principal)
+                held.append(functools.partial(self._reconcile_key, exchange, principal))
             lifecycle = request.app[LIFECYCLE]
             with lifecycle.call():
                 return await self._drive(exchange, endpoint)
@@ -180,7 +180,8 @@ class Forwarder:
                 raise ShuttingDown() from None  # ended by the drain, not by the client
             raise
         finally:
-            held.close()
+            while held:
+                held.pop()()
 
     def _ended(self, exchange: Exchange) -> None:
         """The call is over, however it ended: what its attempt in flight held goes back."""
@@ -204,7 +205,8 @@ class Forwarder:
     def _settle(self, exchange: Exchange, deployment: Deployment | None,
                 cost: float | None) -> None:
         reservation, exchange.reservation = exchange.reservation, None
-        self._budgets.settle(exchange.attempts, reservation, deployment, cost)
+        if reservation is not None or exchange.plan.caller in self._budgets.book.budgets:
+            self._budgets.settle(exchange.attempts, reservation, deployment, cost)
 
     def _tier(self, exchange: Exchange) -> tuple[int, str]:
         """The call's tier now (index, name): a reload may have moved it since it arrived."""
@@ -251,7 +253,7 @@ class Forwarder:
                                          tier_name, attempts.queue_s)
                     if hit is not None:
                         return hit
-                    if self._budgets.covers(exchange.plan.caller):
+                    if exchange.plan.caller in self._budgets.book.budgets:
                         went, exchange.reservation = await self._budgets.reserve(
                             attempts, decision.deployment)
                         if not went:
@@ -455,12 +457,20 @@ def _answer_facts(data: bytes) -> tuple[object, object, str | None, object]:
 FORWARDER = web.AppKey("forwarder", Forwarder)
 
 
-async def _handle(request: Incoming, endpoint: Endpoint) -> web.StreamResponse:
+def _handle(request: Incoming, endpoint: Endpoint) -> Awaitable[web.StreamResponse]:
+    return request.app[FORWARDER].forward(request, endpoint)  # no frame of its own
+
+
+async def _routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     return await request.app[FORWARDER].forward(request, endpoint)
 
 
-# Each endpoint's handler (POST): partials, so a queued call holds no extra coroutine frame.
-# aiohttp's router and the fast lane (``proxy.http.lane.front``) serve these.
+# Each endpoint's handler (POST), for the fast lane (``proxy.http.lane.front``): partials
+# of a plain function, so a queued call holds no extra coroutine frame; and the same for
+# aiohttp's router, which wants coroutine functions.
 HANDLERS: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
     e.path: functools.partial(_handle, endpoint=e) for e in ENDPOINTS
+}
+ROUTED: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
+    e.path: functools.partial(_routed, endpoint=e) for e in ENDPOINTS
 }

@@ -26,13 +26,10 @@ class Replicas:
 
     def __init__(self, shared: State, engine: Engine, metrics: Metrics, clock: Clock) -> None:
         self.shared = shared
+        self.across_replicas = shared.across_replicas  # a backend's, for good
         self._engine = engine
         self._metrics = metrics
         self._clock = clock
-
-    @property
-    def across_replicas(self) -> bool:
-        return self.shared.across_replicas
 
     async def grant(self, attempts: Attempts, deployment_id: str
                     ) -> tuple[Command, Lease | None]:

@@ -112,7 +112,7 @@ def build_app(
     app.cleanup_ctx.append(lifecycle)
     app.cleanup_ctx.append(sweeping)
     app.on_shutdown.append(drain)
-    for path, handler in forward.HANDLERS.items():
+    for path, handler in forward.ROUTED.items():
         app.router.add_post(path, handler)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
