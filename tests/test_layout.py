@@ -209,3 +209,41 @@ def test_every_proxied_path_is_spelled_once() -> None:
         str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py")
         if path.name != "endpoints.py" and '"/v1/chat/completions"' in path.read_text())
     assert spelled == []
+
+
+def type_only(path: Path) -> set[int]:
+    """Lines of ``path``'s imports made for the type checker alone."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"):
+            lines |= {n.lineno for n in ast.walk(node) if hasattr(n, "lineno")}
+    return lines
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_no_import_loop_inside_a_room(room: str) -> None:
+    """Inside a room the modules import one another one way: a loop is a module that can
+    only be understood with the whole room. The call path counts imports made for the type
+    checker too; elsewhere (the lane's parts name each other's types) only those made at
+    run time."""
+    folder = PACKAGE / "http" / room
+    prefix = f"proxy.http.{room}."
+    graph = {}
+    for path in folder.glob("*.py"):
+        skip = set() if room == "call" else type_only(path)
+        graph[path.stem] = {module.removeprefix(prefix).split(".")[0]
+                            for line, module in proxy_imports(path)
+                            if module.startswith(prefix) and line not in skip}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path, module))
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
