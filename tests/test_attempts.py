@@ -9,17 +9,27 @@ import pytest
 
 from proxy.config import Config
 from proxy.core.call.attempts import (
+    HELD_POLL_S,
+    LEASE_LOST,
+    LEASE_TIMED_OUT,
+    LEASED,
     Attempts,
+)
+from proxy.core.call.budgets import HELD, SPENT, Budget, Budgets, Refusal
+from proxy.core.call.classify import Principal, RequestFacts
+from proxy.core.call.commands import (
     Command,
     Done,
     Fail,
+    Hold,
+    LeaseSlot,
     PassThrough,
     Queue,
+    Reserve,
     Result,
     Send,
     Wait,
 )
-from proxy.core.call.classify import Principal, RequestFacts
 from proxy.core.call.tokens import TokenCounter
 from proxy.core.engine import Engine
 from proxy.core.errors import (
@@ -34,6 +44,7 @@ from proxy.core.scheduling.scheduler import Dispatch, TicketState
 
 from .conftest import config_from
 
+WALL = 1_767_225_600.0  # a wall time for the budgets' periods
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}'
 
 
@@ -319,3 +330,73 @@ def test_throttling_spends_no_attempt() -> None:
     assert call.queue(0.1) == Send(engine.models["m"].candidates[1])
     command = call.finish(0.2, Verdict.FAILURE, status=500)
     assert isinstance(command, Queue) and command.ticket.candidates == ("a/x",)
+
+
+# --- a key's budget and slots leased across replicas: commands the driver carries out ---
+
+
+def budgeted(amount: float = 1.0) -> tuple[Engine, Principal]:
+    budget = Budget(amount, "day")
+    return (engine_for(config_from([sim("a")], {"m": [{"provider": "a", "model": "x",
+                                                       "input_cost": 1, "output_cost": 1}]})),
+            Principal("gold", budget=budget))
+
+
+def test_a_key_with_a_budget_reserves_before_it_is_sent() -> None:
+    engine, gold = budgeted()
+    call = Call(engine, principal=gold)
+    reserve = call.queue(0.0)
+    assert isinstance(reserve, Reserve) and reserve.deployment.id == "a/x"
+    assert 0 < reserve.estimate <= reserve.maximum
+    book = Budgets({"gold": gold.budget})  # type: ignore[dict-item]
+    got = book.admit("gold", reserve.estimate, reserve.maximum, WALL)
+    assert isinstance(call.attempts.reserved(reserve.deployment, got, 0.0), Send)
+    assert call.attempts.reservation is got
+
+
+@pytest.mark.parametrize(("left", "expected"), [(60.0, Hold), (0.01, Fail)])
+def test_a_call_its_budget_holds_gives_its_slot_back_and_waits_or_is_refused(
+        left: float, expected: type) -> None:
+    """Held (the rest is reserved by calls in flight): its slot goes back, and it waits at
+    most HELD_POLL_S, or is refused when too little of its wait is ``left``."""
+    engine, gold = budgeted()
+    call = Call(engine, principal=gold, now=0.0)
+    reserve = call.queue(0.0)
+    assert isinstance(reserve, Reserve) and call.attempts.ticket is not None
+    at = call.attempts.ticket.deadline - left
+    held = Refusal(HELD, "gold", gold.budget, reserve.estimate, 1.0)  # type: ignore[arg-type]
+    command = call.attempts.reserved(reserve.deployment, held, at)
+    assert isinstance(command, expected)
+    assert engine.scheduler.inflight("a") == 0
+    if isinstance(command, Hold):
+        assert command == Hold("gold", at + HELD_POLL_S)
+        assert call.attempts.held_over(at + 0.1) == Queue(call.attempts.ticket)  # type: ignore[arg-type]
+    else:
+        assert isinstance(command, Fail) and command.error.code == "budget_exceeded"
+
+
+def test_a_spent_budget_refuses_the_call_and_frees_its_slot() -> None:
+    engine, gold = budgeted()
+    call = Call(engine, principal=gold)
+    reserve = call.queue(0.0)
+    assert isinstance(reserve, Reserve)
+    spent = Refusal(SPENT, "gold", gold.budget, reserve.estimate, 60.0)  # type: ignore[arg-type]
+    command = call.attempts.reserved(reserve.deployment, spent, 0.0)
+    assert isinstance(command, Fail) and command.error.code == "budget_exceeded"
+    assert command.error.retry_after == 60.0 and engine.scheduler.inflight("a") == 0
+
+
+@pytest.mark.parametrize(("outcome", "expected"), [
+    (LEASED, Send), (LEASE_LOST, Queue), (LEASE_TIMED_OUT, Fail), (2.5, Queue)])
+def test_across_replicas_a_slot_is_leased_before_the_call_is_sent(
+        outcome: str | float, expected: type) -> None:
+    engine = engine_for(config_from([sim("a")], {"m": [{"provider": "a", "model": "x"}]}))
+    engine.across_replicas = True
+    call = Call(engine)
+    lease = call.queue(0.0)
+    assert isinstance(lease, LeaseSlot) and lease.ask.provider == "a"
+    assert isinstance(call.attempts.leased(lease.deployment, outcome, 0.1), expected)
+    if expected is not Send:
+        assert engine.scheduler.inflight("a") == 0
+    if outcome == 2.5:  # the provider's shared rpm/tpm is spent: it pauses here that long
+        assert engine.scheduler.paused_until("a") == pytest.approx(2.6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.call import leases
-from proxy.core.call.attempts import Fail, Queue, Send
+from proxy.core.call.commands import Fail, Queue, Send
 from proxy.core.engine import Engine
 from proxy.core.errors import QueueTimeout
 from proxy.core.health.fleet import Verdict

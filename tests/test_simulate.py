@@ -20,6 +20,7 @@ from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
 from proxy.core.call.estimate import LatencyModel
 from proxy.core.scheduling.scheduler import Scheduler
+from proxy.sim import scenarios
 from proxy.sim.disciplines import reference
 from proxy.sim.report import compare_table, summary, table
 from proxy.sim.run import simulate
@@ -412,3 +413,23 @@ def test_the_latency_model_learns_a_time_to_first_token_only_from_streams(
     assert [seen for seen, _ in learned] == [True, False] * 3
     assert all(ttft is not None and ttft > 0.09 for seen, ttft in learned if seen)
 
+
+
+def test_the_simulator_replays_the_keys_budgets_as_live_keeps_them() -> None:
+    """A key with $0.01 a day, calls of 100 output tokens at $10 a million ($0.001 each),
+    four slots: it is served about ten calls' worth (each reserved at dispatch, settled at
+    its cost), the rest refused ``budget_exceeded`` on arrival or at dispatch; a key
+    without a budget is served every call."""
+    data = scenarios.table(4, keys=[{"name": "gold", "tier": "normal",
+                                     "budget_usd": {"amount": 0.01, "period": "day"}},
+                                    {"name": "free", "tier": "normal"}])
+    data["models"]["m"][0].update({"input_cost": 0.0, "output_cost": 10.0})  # type: ignore[index]
+    rows = [scenarios.call(i * 0.5, 1.0, "normal", key) for i in range(30)
+            for key in ("gold", "free")]
+    sim = simulate(parse_config(data, {}), rows)
+    gold = [o for o in sim.outcomes if o.key == "gold"]
+    served = [o for o in gold if o.code is None]
+    assert 9 <= len(served) <= 10
+    assert {o.code for o in gold} == {None, "budget_exceeded"}
+    assert sum(o.cost_usd for o in served) == pytest.approx(0.01, abs=0.0011)
+    assert all(o.code is None for o in sim.outcomes if o.key == "free")

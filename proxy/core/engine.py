@@ -64,6 +64,8 @@ class Engine:
         self.retry = retry or RetrySettings()
         self.estimate = estimate or EstimateSettings()
         self.rng = rng or random.Random()
+        # Slots are leased across replicas too (the driver's shared state says so).
+        self.across_replicas = False
         deployments = [d for route in models.values() for d in route.candidates]
         self._output_caps = self._caps(models)
         self.scheduler = Scheduler(
@@ -135,7 +137,7 @@ class Engine:
             ceiling=clamp_tier(principal.max_tier, tier),
             prompt_tokens=facts.prompt_tokens, output_tokens=cap if cap < output else output,
             caller=principal.name, caller_weight=principal.weight, arrived=now,
-            deadline=now + self.settings.tiers[tier].max_wait_s,
+            deadline=now + self.settings.tiers[tier].max_wait_s, budget=principal.budget,
         )
 
     def remember_response(self, response_id: str, deployment: Deployment) -> None:

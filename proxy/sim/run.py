@@ -22,18 +22,23 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..config.trace import TraceCall
-from ..core.call.attempts import (
-    Attempts,
+from ..core.call import budgets
+from ..core.call.attempts import LEASED, Attempts
+from ..core.call.budgets import Budgets
+from ..core.call.classify import ANONYMOUS, RequestFacts
+from ..core.call.commands import (
     Command,
     Done,
     Fail,
+    Hold,
+    LeaseSlot,
     PassThrough,
     Queue,
+    Reserve,
     Result,
     Send,
     Wait,
 )
-from ..core.call.classify import ANONYMOUS, RequestFacts
 from ..core.call.route import Deployment
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
@@ -43,6 +48,8 @@ from ..core.health.provider import SimSettings
 from ..core.scheduling.scheduler import Ticket, TicketState
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
+# The wall time the virtual clock starts at (2026-01-01 UTC), for the keys' budget periods.
+WALL_EPOCH = 1_767_225_600.0
 
 
 @dataclass
@@ -139,6 +146,11 @@ class _Replay:
             models=config.models, principals=[k.principal for k in config.keys],
             retry=config.retry, estimate=config.estimate)
         self.principals = {k.name: k.principal for k in config.keys}
+        # The keys' spend budgets, as one process keeps them, on the virtual clock's wall
+        # time; calls a budget holds, per key, waiting for one of its calls to settle.
+        self.budgets = Budgets({k.name: k.principal.budget for k in config.keys
+                                if k.principal.budget is not None}, config.timezone)
+        self._held: dict[str, list[Callable[[float], None]]] = {}
         self.first_model = next(iter(config.models))
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._order = itertools.count()
@@ -211,6 +223,10 @@ class _Replay:
                 outcome.code, outcome.wait_s, outcome.done_at = exc.code, 0.0, now
                 return
             outcome.tier, outcome.key = plan.tier_name, principal.name
+            refusal = budgets.arrival(self.budgets, plan, WALL_EPOCH + now)
+            if refusal is not None:
+                outcome.code, outcome.wait_s, outcome.done_at = "budget_exceeded", 0.0, now
+                return
             attempts = Attempts(self.engine, plan)
             self._do(attempts, attempts.start(now), row, outcome, now)
 
@@ -228,6 +244,29 @@ class _Replay:
                     self.waiting.add(pools, ticket.current_tier)
             case Send(deployment=deployment):
                 self._send(attempts, deployment, row, outcome, now)
+            case Reserve(deployment=deployment, estimate=estimate, maximum=maximum):
+                got = self.budgets.admit(attempts.plan.caller, estimate, maximum,
+                                         WALL_EPOCH + now)
+                after = attempts.reserved(deployment, got, now)
+                if not isinstance(after, Send | LeaseSlot):
+                    self._settle(attempts, None, 0.0, now)  # not sent after all
+                self._do(attempts, after, row, outcome, now)
+            case LeaseSlot(deployment=deployment):  # this process is the whole fleet
+                after = attempts.leased(deployment, LEASED, now)
+                if not isinstance(after, Send):
+                    self._settle(attempts, None, 0.0, now)  # not sent after all
+                self._do(attempts, after, row, outcome, now)
+            case Hold(key=key, until=until):
+                woken = False
+
+                def over(t: float) -> None:
+                    nonlocal woken
+                    if not woken:
+                        woken = True
+                        self._do(attempts, attempts.held_over(t), row, outcome, t)
+
+                self._held.setdefault(key, []).append(over)
+                self.at(until, over)
             case Wait(until=until):
                 self.at(until, lambda t: self._do(attempts, attempts.resume(t), row, outcome, t))
             case Fail(error=error):
@@ -245,8 +284,13 @@ class _Replay:
         if timing is not None:  # the simulated provider's faults, as the live one has them
             refusal = self._refusal(timing, deployment.provider)
             if refusal is not None:
-                self.at(now + REFUSAL_S, lambda t: self._do(
-                    attempts, attempts.finished(refusal, t), row, outcome, t))
+                def refused(t: float) -> None:
+                    after = attempts.finished(refusal, t)
+                    self._settle(attempts, deployment if attempts.used is not None else None,
+                                 None, t)
+                    self._do(attempts, after, row, outcome, t)
+
+                self.at(now + REFUSAL_S, refused)
                 return
         output = row.output_tokens
         if row.max_tokens is not None:
@@ -265,9 +309,22 @@ class _Replay:
 
         def done(t: float) -> None:
             self._serving[deployment.provider] -= 1
-            self._do(attempts, attempts.finished(result, t), row, outcome, t)
+            after = attempts.finished(result, t)
+            self._settle(attempts, deployment, outcome.cost_usd, t)
+            self._do(attempts, after, row, outcome, t)
 
         self.at(now + took, done)
+
+    def _settle(self, attempts: Attempts, deployment: Deployment | None, cost: float | None,
+                now: float) -> None:
+        """An attempt's cost against its key's budget, as live settles it; the key's held
+        calls go again when a reservation settles."""
+        reservation, attempts.reservation = attempts.reservation, None
+        key = attempts.plan.caller
+        if budgets.settle(self.budgets, attempts.plan, attempts.service_tier, reservation,
+                          deployment, cost, WALL_EPOCH + now):
+            for over in self._held.pop(key, ()):
+                self.at(now, over)
 
     def _refusal(self, timing: SimSettings, provider: str) -> Result | None:
         """A 429 past the provider's ``capacity`` (the calls it is serving; one it refused

@@ -46,13 +46,35 @@ from ..health.fleet import (
     RATE_LIMITED,
     SUCCESS,
     THROTTLED,
-    Verdict,
 )
 from ..scheduling.tickets import DISPATCHED, QUEUED, Ticket
-from ..value import value
+from . import leases
+from .budgets import HELD, Refusal, Reservation, budget_exceeded, call_cost
+from .commands import (
+    Command,
+    Done,
+    Fail,
+    Hold,
+    LeaseSlot,
+    PassThrough,
+    Queue,
+    Reserve,
+    Result,
+    Send,
+    Wait,
+)
 from .plan import Plan
 from .retry import backoff_s
 from .route import Deployment, degrade, rank
+
+# A call its key's budget holds waits at most this long before it queues again (another
+# replica's settle wakes no one here), and is refused this long before its deadline.
+HELD_POLL_S = 0.5
+HELD_MARGIN_S = 0.05
+# What the driver reports of a lease (``LeaseSlot``): the slot is held across replicas; the
+# wait for it passed the call's deadline; the shared state went away. A number: the
+# provider's shared rpm/tpm is spent for that many seconds.
+LEASED, LEASE_TIMED_OUT, LEASE_LOST = "leased", "timed_out", "lost"
 
 _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
     "queue_full": (QueueFull, "The proxy's queue is full; retry later."),
@@ -64,62 +86,6 @@ _REFUSALS: dict[str, tuple[type[ProxyError], str]] = {
 }
 
 _NONE: frozenset[str] = frozenset()
-
-
-@value
-class Queue:
-    """Wait in the scheduler with ``ticket`` (submitted anew or again) until granted."""
-
-    ticket: Ticket
-
-
-@value
-class Send:
-    """Call ``deployment`` now, holding the granted slot; then report ``finished``."""
-
-    deployment: Deployment
-
-
-@value
-class Wait:
-    """Back off until ``until``, then report ``resume``."""
-
-    until: float
-
-
-@value
-class Fail:
-    """Answer the client with the proxy's own error."""
-
-    error: ProxyError
-
-
-@value
-class PassThrough:
-    """Answer the client with the last upstream failure, as the upstream sent it."""
-
-
-@value
-class Done:
-    """The client has its answer (or has left)."""
-
-
-Command = Queue | Send | Wait | Fail | PassThrough | Done
-
-
-@value
-class Result:
-    """What became of a ``Send``."""
-
-    verdict: Verdict
-    status: int | None = None  # the upstream's HTTP status, when it answered
-    retry_after_s: float | None = None
-    committed: bool = False  # bytes reached the client: no further attempt
-    error: ProxyError | None = None  # the proxy's own error when the upstream did not answer
-    prompt_tokens: object = None  # as the upstream reported them
-    completion_tokens: object = None
-    ttft_s: float | None = None
-    service_tier: object = None  # the tier the upstream says it served the call at
 
 
 def tier_declined(service_tier: str | None, status: int, body: bytes) -> bool:
@@ -137,7 +103,7 @@ def tier_declined(service_tier: str | None, status: int, body: bytes) -> bool:
 class Attempts:
     __slots__ = ("_excluded", "_failed", "_failed_providers", "_key_open", "_pending",
                  "_sent", "_started", "attempts", "declined", "deployment", "engine", "last",
-                 "plan", "service_tier", "ticket", "usage", "used")
+                 "plan", "reservation", "service_tier", "ticket", "usage", "used")
 
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self.engine = engine
@@ -159,6 +125,8 @@ class Attempts:
         self._sent = False
         self.service_tier: str | None = None  # the provider tier the last attempt was sent with
         self.declined = False  # the provider declined its tier once: sent without from then
+        # The attempt's hold on its key's budget (``Reserve``), which the driver settles.
+        self.reservation: Reservation | None = None
 
     @property
     def queue_s(self) -> float:
@@ -176,9 +144,56 @@ class Attempts:
         return self._route(now)
 
     def granted(self, deployment_id: str, now: float) -> Command:
-        """The scheduler gave ``ticket`` a slot through ``deployment_id``."""
-        ticket = self._ticket()
+        """The scheduler gave ``ticket`` a slot through ``deployment_id``: its key's budget
+        is reserved first (``Reserve``), then a slot across replicas leased (``LeaseSlot``),
+        where each applies, then it is sent."""
         deployment = self.candidate(deployment_id)
+        if self.plan.budget is not None:
+            estimate, maximum = call_cost(self.plan, deployment, self.tier_for(deployment))
+            return Reserve(deployment, estimate, maximum)
+        return self._lease(deployment, now)
+
+    def reserved(self, deployment: Deployment, got: Reservation | Refusal | None,
+                 now: float) -> Command:
+        """What the key's budget answered a ``Reserve`` (None: no budget any more)."""
+        if got is None or isinstance(got, Reservation):
+            self.reservation = got
+            return self._lease(deployment, now)
+        ticket = self._ticket()
+        self.engine.scheduler.give_back(ticket, now)
+        if got.reason != HELD:
+            self._reconcile_key(self.plan.tokens if self._sent else None, now)
+            return Fail(budget_exceeded(got))
+        left = ticket.deadline - now - HELD_MARGIN_S
+        if not left > 0:
+            self._reconcile_key(self.plan.tokens if self._sent else None, now)
+            return Fail(budget_exceeded(got))
+        return Hold(self.plan.caller, now + (HELD_POLL_S if left > HELD_POLL_S else left))
+
+    def held_over(self, now: float) -> Command:
+        """A ``Hold`` is over: the call queues again in its place."""
+        return Queue(self._ticket())
+
+    def leased(self, deployment: Deployment, outcome: str | float, now: float) -> Command:
+        """What the shared state answered a ``LeaseSlot``: ``LEASED``, ``LEASE_TIMED_OUT``,
+        ``LEASE_LOST``, or the seconds the provider's shared rpm/tpm is spent for."""
+        if outcome == LEASED:
+            return self._begin(deployment, now)
+        if outcome == LEASE_TIMED_OUT:
+            return leases.lease_timed_out(self, now)
+        if outcome == LEASE_LOST:
+            return leases.lease_lost(self, now)
+        assert isinstance(outcome, float | int)
+        return leases.rate_spent(self, deployment.provider, float(outcome), now)
+
+    def _lease(self, deployment: Deployment, now: float) -> Command:
+        if self.engine.across_replicas:
+            return LeaseSlot(deployment, leases.lease_ask(self, deployment, now))
+        return self._begin(deployment, now)
+
+    def _begin(self, deployment: Deployment, now: float) -> Command:
+        """Every gate is passed: the fleet's own (breakers, retry allowance, rpm/tpm)."""
+        ticket = self._ticket()
         retry = deployment.provider in self._failed_providers
         start = self.engine.fleet.begin(deployment, retry, self.tokens(deployment), now)
         if start is GO:

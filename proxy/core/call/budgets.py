@@ -35,11 +35,15 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo
 
+from ..errors import BudgetExceeded
 from ..value import value
-from .plan import Plan
 from .route import Deployment
+
+if TYPE_CHECKING:  # a plan names its key's budget
+    from .plan import Plan
 
 PERIODS = ("day", "month")
 GO, SPENT, TOO_BIG, HELD = "go", "spent", "too_big", "held"
@@ -278,3 +282,66 @@ class Budgets:
 def dollars(value: float) -> float:
     """A cost as counted: finite and not negative (anything else counts nothing)."""
     return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def budget_exceeded(refusal: Refusal) -> BudgetExceeded:
+    """The client's answer to a refusal: what was refused, and when to try again."""
+    budget, key = refusal.budget, refusal.key
+    if refusal.reason == TOO_BIG:
+        return BudgetExceeded(
+            f"This call's estimated cost (${refusal.estimate:.4g}) is more than the key "
+            f"'{key}''s whole budget of ${budget.amount_usd:g} a {budget.period}: it is not "
+            "sent (a lower max_tokens lowers the estimate).", retry_after=refusal.retry_after_s)
+    if refusal.reason == HELD:
+        return BudgetExceeded(
+            f"The rest of the key '{key}''s budget of ${budget.amount_usd:g} for this "
+            f"{budget.period} is reserved by its calls in flight, and none left room for this "
+            "one in time.", retry_after=1.0, should_retry=True)
+    return BudgetExceeded(
+        f"The key '{key}' has spent its budget of ${budget.amount_usd:g} for this "
+        f"{budget.period}.", retry_after=refusal.retry_after_s)
+
+
+class Book(Protocol):
+    """What ``arrival`` and ``settle`` use of a book of budgets: this process's
+    (``Budgets``) or the fleet's (``proxy.state.budgets``)."""
+
+    @property
+    def budgets(self) -> dict[str, Budget]: ...
+
+    def check(self, key: str, estimate: float, wall: float) -> Refusal | None: ...
+
+    def settle(self, reservation: Reservation, cost: float) -> None: ...
+
+    def spend(self, key: str, usd: float, wall: float) -> None: ...
+
+
+def arrival(book: Book, plan: Plan, wall: float) -> Refusal | None:
+    """A new call: refused if what its key spent leaves no room for it (at its cheapest
+    candidate's estimate)."""
+    if plan.caller not in book.budgets:
+        return None
+    estimate = min(call_cost(plan, d, d.service_tier(plan.tier_name))[0]
+                   for d in plan.route.candidates)
+    return book.check(plan.caller, estimate, wall)
+
+
+def settle(book: Book, plan: Plan, service_tier: str | None, reservation: Reservation | None,
+           deployment: Deployment | None, cost: float | None, wall: float) -> bool:
+    """A call's attempt through ``deployment`` ended (None: it was never sent) having cost
+    ``cost`` (None: not known, so its estimate if it was sent): its reservation is settled;
+    a call of a key that had no budget when it was dispatched is counted too. True: a
+    reservation was settled (the key's held calls may go)."""
+    key = plan.caller
+    if reservation is None and key not in book.budgets:
+        return False
+    if cost is None:
+        cost = 0.0 if deployment is None else (
+            reservation.estimate if reservation is not None
+            else call_cost(plan, deployment, service_tier)[0])
+    if reservation is not None:
+        book.settle(reservation, cost)
+        return True
+    book.spend(key, cost, wall)
+    return False
+

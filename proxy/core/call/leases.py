@@ -19,12 +19,16 @@ what an ended attempt returns to the shared buckets.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..health.fleet import THROTTLED, Verdict
 from ..scheduling.tickets import NEW, Ticket
 from ..value import value
-from .attempts import Attempts, Command, Queue
+from .commands import Command, LeaseAsk, Queue
 from .route import Deployment
+
+if TYPE_CHECKING:
+    from .attempts import Attempts
 
 LEVELS = 16  # rank = tier * LEVELS + level: the order of tiers, then of levels
 
@@ -32,21 +36,6 @@ LEVELS = 16  # rank = tier * LEVELS + level: the order of tiers, then of levels
 def rank(ticket: Ticket) -> int:
     """A waiter's place in the order shared by every replica (lower goes first)."""
     return ticket.current_tier * LEVELS + min(ticket.standing, LEVELS - 1)
-
-
-@value
-class LeaseAsk:
-    """What to ask the shared state for: a slot of ``provider`` (``limit`` across
-    replicas) for a waiter of ``rank``, waiting at most ``max_wait_s``."""
-
-    provider: str
-    limit: int
-    rank: int
-    waited_s: float
-    max_wait_s: float
-    key: str
-    key_weight: float
-    charged_s: float
 
 
 @value

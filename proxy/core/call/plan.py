@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..formats.request import Call
 from ..value import value
+from .budgets import Budget
 from .route import ModelRoute
 
 
@@ -20,6 +21,7 @@ class Plan:
     arrived: float
     deadline: float  # arrival + the tier's max_wait_s: spans every pass through the queue
     caller_weight: float = 1.0  # its share of the tier beside the tier's other keys
+    budget: Budget | None = None  # its key's spend budget, reserved at each dispatch
 
     @property
     def tokens(self) -> int:

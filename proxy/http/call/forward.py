@@ -21,20 +21,21 @@ import orjson
 from aiohttp import web
 
 from ...config.load import Limits
-from ...core.call.attempts import (
-    Attempts,
+from ...core.call.attempts import Attempts, tier_declined
+from ...core.call.classify import Principal, RequestFacts, upstream_service_tier
+from ...core.call.commands import (
     Command,
     Done,
     Fail,
+    Hold,
+    LeaseSlot,
     PassThrough,
     Queue,
+    Reserve,
     Result,
     Send,
     Wait,
-    tier_declined,
 )
-from ...core.call.budgets import Reservation
-from ...core.call.classify import Principal, RequestFacts, upstream_service_tier
 from ...core.call.plan import Plan
 from ...core.call.retry import parse_retry_after
 from ...core.call.route import Deployment
@@ -79,7 +80,6 @@ class Exchange:
     fingerprint: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
     semantic: Pending | None = None  # a semantic cache miss: its answer is kept
-    reservation: Reservation | None = None  # the attempt's hold on its key's budget
 
 
 class Forwarder:
@@ -204,9 +204,10 @@ class Forwarder:
 
     def _settle(self, exchange: Exchange, deployment: Deployment | None,
                 cost: float | None) -> None:
-        reservation, exchange.reservation = exchange.reservation, None
+        attempts = exchange.attempts
+        reservation, attempts.reservation = attempts.reservation, None
         if reservation is not None or exchange.plan.caller in self._budgets.book.budgets:
-            self._budgets.settle(exchange.attempts, reservation, deployment, cost)
+            self._budgets.settle(attempts, reservation, deployment, cost)
 
     def _tier(self, exchange: Exchange) -> tuple[int, str]:
         """The call's tier now (index, name): a reload may have moved it since it arrived."""
@@ -253,19 +254,26 @@ class Forwarder:
                                          tier_name, attempts.queue_s)
                     if hit is not None:
                         return hit
-                    if exchange.plan.caller in self._budgets.book.budgets:
-                        went, exchange.reservation = await self._budgets.reserve(
-                            attempts, decision.deployment)
-                        if not went:
-                            command = await self._budgets.hold(exchange.plan.caller, ticket)
-                            continue
-                    if self._replicas.across_replicas:
-                        command, exchange.lease = await self._replicas.grant(
-                            attempts, decision.deployment)
-                    else:
-                        command = attempts.granted(decision.deployment, now)
-                    if exchange.reservation is not None and not isinstance(command, Send):
+                    command = attempts.granted(decision.deployment, now)
+                case Reserve(deployment=deployment, estimate=estimate, maximum=maximum):
+                    got = await self._budgets.book.reserve(exchange.plan.caller, estimate,
+                                                           maximum, clock.wall())
+                    command = attempts.reserved(deployment, got, clock.now())
+                    if not isinstance(command, Send | LeaseSlot):
                         self._settle(exchange, None, 0.0)  # not sent after all
+                case LeaseSlot(deployment=deployment, ask=ask):
+                    tokens = attempts.tokens(deployment)
+                    outcome, exchange.lease = await self._replicas.lease(deployment, ask,
+                                                                         tokens)
+                    command = attempts.leased(deployment, outcome, clock.now())
+                    if not isinstance(command, Send):
+                        self._replicas.end_attempt(deployment, tokens, None, exchange.lease,
+                                                   None)
+                        exchange.lease = None
+                        self._settle(exchange, None, 0.0)  # not sent after all
+                case Hold(key=key, until=until):
+                    await self._budgets.wait(key, until - clock.now())
+                    command = attempts.held_over(clock.now())
                 case Send(deployment=deployment):
                     command = await self._attempt(exchange, endpoint, deployment)
                 case Wait(until=until):

@@ -1,14 +1,16 @@
 """The driver's side of shared state (``proxy.state``): with the redis backend, a call
 the local scheduler grants a slot also needs one of its provider's slots leased across
 replicas and room in the provider's and its key's shared rpm/tpm buckets. What to ask and
-what each answer means are ``proxy.core.call.leases``'s; here they are asked and carried out.
+what each answer means are the attempt policy's (a ``Lease`` command, ``Attempts.leased``,
+``proxy.core.call.leases``); here they are asked and carried out.
 With the memory backend nothing here awaits anything."""
 
 from __future__ import annotations
 
 from ...core.call import leases
-from ...core.call.attempts import Attempts, Command, Send
+from ...core.call.attempts import LEASE_LOST, LEASE_TIMED_OUT, LEASED, Attempts
 from ...core.call.classify import Principal
+from ...core.call.commands import LeaseAsk
 from ...core.call.plan import Plan
 from ...core.call.route import Deployment
 from ...core.clock import Clock
@@ -31,37 +33,21 @@ class Replicas:
         self._metrics = metrics
         self._clock = clock
 
-    async def grant(self, attempts: Attempts, deployment_id: str
-                    ) -> tuple[Command, Lease | None]:
-        """``Attempts.granted`` with shared state (the caller calls ``granted`` itself
-        without): first a slot of the provider leased across replicas (the lease is
-        returned while the call is sent)."""
-        deployment = attempts.candidate(deployment_id)
-        tokens = attempts.tokens(deployment)
-        got = await self._lease(attempts, deployment, tokens)
-        if not isinstance(got, Lease):
-            return got, None
-        command = attempts.granted(deployment_id, self._clock.now())
-        if isinstance(command, Send):
-            return command, got
-        self.end_attempt(deployment, tokens, None, got, None)
-        return command, None
-
-    async def _lease(self, attempts: Attempts, deployment: Deployment,
-                     tokens: int) -> Lease | Command:
-        """The lease, or what to do instead (``leases``)."""
+    async def lease(self, deployment: Deployment, ask: LeaseAsk, tokens: int
+                    ) -> tuple[str | float, Lease | None]:
+        """Carry out a ``LeaseSlot``: what to report to ``Attempts.leased``, and the lease
+        while the call is sent (None unless ``LEASED``)."""
         shared, clock = self.shared, self._clock
         now = clock.now()
-        ask = leases.lease_ask(attempts, deployment, now)
         try:
             lease = await shared.lease(ask.provider, ask.limit, ask.rank, ask.waited_s,
                                        ask.max_wait_s, ask.key, ask.key_weight, ask.charged_s)
         except TimeoutError:
-            return leases.lease_timed_out(attempts, clock.now())
+            return LEASE_TIMED_OUT, None
         finally:
             self._metrics.shared_wait.observe(clock.now() - now)
         if lease is None:
-            return leases.lease_lost(attempts, clock.now())
+            return LEASE_LOST, None
         provider = self._engine.providers[deployment.provider]
         kept = False
         try:
@@ -72,8 +58,8 @@ class Replicas:
             if not kept:  # spent, cancelled, or refused (reject mode): the slot goes back
                 shared.release(lease)
         if not kept:
-            return leases.rate_spent(attempts, provider.name, wait_s, clock.now())
-        return lease
+            return wait_s, None
+        return LEASED, lease
 
     def make_room(self, attempts: Attempts, ticket: Ticket) -> None:
         """Before ``ticket`` queues here: a less urgent waiter in Redis sent back to its

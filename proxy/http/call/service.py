@@ -91,10 +91,11 @@ class Service:
         )
         self.scheduler = self.engine.scheduler
         self.admission = Admission(self.scheduler, clock)
+        self.engine.across_replicas = self.shared.across_replicas
         self.forwarder = Forwarder(
             clock=clock, counter=counter, auth=self.auth, limits=config.limits,
             engine=self.engine, admission=self.admission, cache=self.cache,
-            semantic=self.semantic, budgets=BudgetGate(self.budgets, clock, self.scheduler),
+            semantic=self.semantic, budgets=BudgetGate(self.budgets, clock),
             replicas=Replicas(self.shared, self.engine, self.metrics, clock),
             homes=Homes(self.engine, self.shared.answers), metrics=self.metrics,
             upstreams=self.upstreams)
