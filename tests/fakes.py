@@ -78,6 +78,30 @@ def sse_events(model: str, words: list[str], usage: bool) -> list[bytes]:
     return events
 
 
+TOOL_CALL = {"id": "call_abc123", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"location": "Paris"}'}}
+
+
+def tool_events(events: list[bytes]) -> list[bytes]:
+    """``sse_events`` whose answer calls ``TOOL_CALL`` after its text (its arguments in two
+    pieces) and finishes for it."""
+    head = orjson.loads(events[0][6:])
+    head.pop("choices")
+    function = TOOL_CALL["function"]
+    assert isinstance(function, dict)
+    pieces = [{"index": 0, "id": TOOL_CALL["id"], "type": "function",
+               "function": {"name": function["name"], "arguments": ""}},
+              {"index": 0, "function": {"arguments": '{"location": '}},
+              {"index": 0, "function": {"arguments": '"Paris"}'}}]
+    calls = [b"data: " + orjson.dumps({**head, "choices": [
+        {"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]}) + b"\n\n"
+             for piece in pieces]
+    calls.append(b"data: " + orjson.dumps({**head, "choices": [
+        {"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}) + b"\n\n")
+    stop = next(i for i, e in enumerate(events) if b'"finish_reason":"stop"' in e)
+    return [*events[:stop], *calls, *events[stop + 1:]]
+
+
 @dataclass
 class Seen:
     headers: dict[str, str]
@@ -88,7 +112,8 @@ class Seen:
 @dataclass
 class FakeUpstream:
     """Behaviour per call comes from ``script`` (then ``default``):
-    ok | 500 | 429 | flex_429 | 400 | 401 | stall | cut | half | early_end | slow | flood. With
+    ok | tool | 500 | 429 | flex_429 | 400 | 401 | stall | cut | half | early_end | slow |
+    flood (tool: the answer calls ``get_weather`` after its text). With
     ``capacity`` set, a call past that many at once is answered 429 whatever the script
     says, like a provider whose real limit is lower than the proxy was told."""
 
@@ -199,6 +224,9 @@ class FakeUpstream:
                 await asyncio.sleep(self.hold_s)
             self.completed += 1
             answer = completion(model)
+            if mode == "tool":
+                answer["choices"][0]["message"]["tool_calls"] = [TOOL_CALL]
+                answer["choices"][0]["finish_reason"] = "tool_calls"
             if self.usage is not None:
                 answer["usage"] = self.usage
             if self.served_tier is not None:
@@ -226,6 +254,8 @@ class FakeUpstream:
             for _ in range(500):
                 await response.write(sse_events(model, [padding], usage=False)[1])
         events = sse_events(model, self.words, usage)
+        if mode == "tool":
+            events = tool_events(events)
         for i, event in enumerate(events):
             if mode == "early_end" and i == 2:  # a clean close, but no [DONE]
                 await response.write_eof()

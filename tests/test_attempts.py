@@ -156,6 +156,36 @@ def test_a_5xx_moves_to_the_next_candidate_then_passes_the_last_answer_through()
     assert call.finish(0.2, Verdict.FAILURE, status=500) == PassThrough()
 
 
+def test_a_529_overload_falls_back_pauses_the_deployment_and_spares_its_breaker() -> None:
+    engine = engine_for(config_from(
+        [sim("a", breaker={"consecutive_failures": 1}), sim("b")],
+        {"m": [{"provider": "a", "model": "x"}, {"provider": "b", "model": "y"}]}))
+    call = Call(engine)
+    assert call.queue(0.0) == Send(engine.models["m"].candidates[0])
+    command = call.finish(0.1, Verdict.OVERLOADED, status=529, retry_after_s=4.0)
+    assert isinstance(command, Queue) and command.ticket.candidates == ("b/y",)
+    assert call.queue(0.1) == Send(engine.models["m"].candidates[1])
+    assert not engine.fleet.breakers["a/x"].down(0.2)  # an overload is not a failure
+    assert engine.scheduler.capacity("a") == 2  # nor a sign of the concurrency it bears
+    second = Call(engine, now=0.2)  # the overloaded deployment pauses for its retry-after
+    assert second.queue(0.2) == Send(engine.models["m"].candidates[1])
+    assert call.finish(0.3, Verdict.SUCCESS, status=200) == Done()
+
+
+def test_an_overloaded_only_candidate_is_tried_again_once_its_pause_ends() -> None:
+    engine = engine_for(config_from([sim("a", breaker={"consecutive_failures": 1})],
+                                    {"m": [{"provider": "a", "model": "x"}]}))
+    call = Call(engine)
+    call.queue(0.0)
+    command = call.finish(0.1, Verdict.OVERLOADED, status=529, retry_after_s=2.0)
+    if isinstance(command, Wait):
+        call.command = command = call.attempts.resume(command.until)
+    assert isinstance(command, Queue)
+    assert call.queue(0.5) is command  # paused until 2.1
+    assert isinstance(call.wake(2.1), Send)
+    assert not engine.fleet.breakers["a/x"].down(2.1)
+
+
 def test_a_failed_only_candidate_is_tried_again_after_a_backoff_within_the_allowance() -> None:
     engine = engine_for(config_from([sim("a")], {"m": [{"provider": "a", "model": "x"}]}))
     call = Call(engine)

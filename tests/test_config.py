@@ -145,7 +145,7 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
         (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurrency": "x"}]),
          "providers[0].max_concurrency: must be a positive integer"),
         (with_(providers=[{"name": "sim", "kind": "warp"}]),
-         "providers[0].kind: must be one of openai, azure, simulated"),
+         "providers[0].kind: must be one of openai, azure, anthropic, simulated"),
         (with_(providers=[{"name": "a", "base_url": "ftp://x"}]),
          "providers[0].base_url: must be an http:// or https:// URL"),
         (with_(providers=[{"name": "a", "base_url": "http://127.0.0.1:80800/v1"}]),
@@ -206,6 +206,8 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
         (with_(classify={"keys": [{"name": "k", "key": "s", "weight": 0}]}),
          "classify.keys[0].weight: must be a positive number"),
         (with_(scheduler={"headroom_budget": 2}), "scheduler.headroom_budget: must be <= 1.0"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "anthropic_version": "1"}]),
+         "providers[0].anthropic_version: only applies to kind anthropic"),
     ],
 )
 def test_invalid_configs_name_the_yaml_path(data: object, message: str) -> None:
@@ -345,3 +347,16 @@ def test_the_state_section_and_its_url_shown_without_the_password() -> None:
         "redis", "triage", 5.0, "local")
     assert state.shown_url == "redis://redis.internal:6380/1"
     assert parse_config(MINIMAL, {}).state.backend == "memory"
+
+
+def test_an_anthropic_provider_defaults_to_anthropics_api_and_version() -> None:
+    config = parse_config({
+        "providers": [{"name": "claude", "kind": "anthropic", "api_key": "sk-ant"},
+                      {"name": "pinned", "kind": "anthropic", "base_url": "http://127.0.0.1:9/",
+                       "anthropic_version": "2024-01-01"}],
+        "models": {"m": [{"provider": "claude", "model": "claude-haiku-4-5"}]}}, {})
+    claude, pinned = config.providers["claude"], config.providers["pinned"]
+    assert claude.base_url == "https://api.anthropic.com"
+    assert claude.headers["anthropic-version"] == "2023-06-01"
+    assert pinned.base_url == "http://127.0.0.1:9"
+    assert pinned.headers["anthropic-version"] == "2024-01-01"

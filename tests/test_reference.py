@@ -110,6 +110,8 @@ FULL: dict[str, Any] = {
          "simulate": {"ttft_s": 0.1}},
         {"name": "azure", "kind": "azure", "base_url": "https://x.openai.azure.com/openai",
          "api_key": "az", "api_version": "2024-10-21"},
+        {"name": "claude", "kind": "anthropic", "base_url": "https://api.anthropic.com",
+         "api_key": "sk-ant", "anthropic_version": "2023-06-01"},
         {"name": "sim", "kind": "simulated", "simulate": {
             "ttft_s": 0.1, "tokens_per_s": 10, "prefill_tokens_per_s": 1000,
             "default_output_tokens": 8, "max_output_tokens": 16, "error_rate": 0.1,
@@ -163,6 +165,7 @@ SPARSE: dict[str, Any] = {
         {"name": "openai", "base_url": "https://api.openai.com/v1"},
         {"name": "azure", "kind": "azure", "base_url": "https://x.openai.azure.com/openai",
          "api_version": "2024-10-21"},
+        {"name": "claude", "kind": "anthropic"},
         {"name": "sim", "kind": "simulated"},
     ],
     "models": {"chat": {"degrade": {"max_wait_s": 5}, "cache": {},

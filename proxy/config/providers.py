@@ -22,7 +22,9 @@ from .egress import egress_for, environment_proxies
 from .policy import tier_index
 from .reader import UNSET, Node, fail, interpolate, safe_repr
 
-PROVIDER_KINDS = ("openai", "azure", "simulated")
+PROVIDER_KINDS = ("openai", "azure", "anthropic", "simulated")
+ANTHROPIC_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API's version header, unless configured
 FORWARDED_SERVICE_TIERS = ("openai",)
 PROVIDER_TIERS = ("auto", "default", "flex", "priority", "scale")  # OpenAI's service_tier
 
@@ -74,7 +76,8 @@ def _http_provider(
     path: str, node: Node, kind: str, common: dict[str, object], warnings: list[str],
     proxies: Mapping[str, str],
 ) -> Provider | None:
-    base_url = node.string("base_url", required=True).rstrip("/")
+    base_url = (ANTHROPIC_URL if kind == "anthropic" and not node.has("base_url")
+                else node.string("base_url", required=True)).rstrip("/")
     if not re.match(r"https?://[^/\s]+", base_url):
         fail(f"{path}.base_url", "must be an http:// or https:// URL")
     try:
@@ -107,6 +110,11 @@ def _http_provider(
         )
         return None
     query: dict[str, str] = {}
+    version = node.optional_string("anthropic_version")
+    if kind == "anthropic":
+        headers.setdefault("anthropic-version", version or ANTHROPIC_VERSION)
+    elif version is not None:
+        fail(f"{path}.anthropic_version", "only applies to kind anthropic")
     if kind == "azure":
         if api_version is None:
             fail(f"{path}.api_version", "is required for kind azure")

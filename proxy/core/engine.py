@@ -15,8 +15,9 @@ from .call.estimate import EstimateSettings, LatencyModel, OutputEstimator
 from .call.plan import Plan
 from .call.retry import RetrySettings
 from .call.route import Deployment, DeploymentStats, ModelRoute
-from .errors import ModelNotFound
+from .errors import InvalidRequest, ModelNotFound
 from .formats.request import Call
+from .formats.wires import speaks
 from .health.fleet import Fleet, TransitionHook
 from .health.provider import Provider
 from .scheduling.scheduler import Scheduler, SchedulerSettings
@@ -127,7 +128,7 @@ class Engine:
         if route is None:
             raise ModelNotFound(
                 f"The model '{call.model}' does not exist on this proxy.", param="model")
-        route = self._route_to_home(route, call, now)
+        route = self._route_to_home(self._speaking(route, call), call, now)
         tier = classify(facts, principal, self.classify).tier
         output = (self.outputs.expect(principal.name, call.model, call.max_tokens)
                   if call.generates else 0)
@@ -147,6 +148,19 @@ class Engine:
     def home(self, response_id: str) -> Deployment | None:
         """The deployment remembered for ``response_id``, if any."""
         return self._homes.get(response_id)
+
+    def _speaking(self, route: ModelRoute, call: Call) -> ModelRoute:
+        """The candidates a call of its endpoint can go to (``wires.speaks``); an
+        ``InvalidRequest`` where there is none."""
+        providers = self.providers
+        kept = tuple(d for d in route.candidates
+                     if speaks(providers[d.provider].kind, call.kind))
+        if len(kept) == len(route.candidates):
+            return route
+        if not kept:
+            raise InvalidRequest(f"The model '{call.model}' is served only by providers that "
+                                 f"do not take this endpoint's calls.", param="model")
+        return dataclasses.replace(route, candidates=kept)
 
     def _route_to_home(self, route: ModelRoute, call: Call, now: float) -> ModelRoute:
         """A call that continues a stored response (``previous_response_id``) can only be

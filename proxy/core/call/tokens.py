@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 
+import orjson
 import tiktoken
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ TOKENS_PER_REPLY = 3
 TOKENS_PER_IMAGE = 765
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text"})
-_IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+_IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})  # image: Anthropic's
 
 
 def count_estimate(text: str) -> int:
@@ -226,4 +227,8 @@ def _content_texts(content: object, texts: list[str]) -> int:
                     texts.append(text)
             elif kind in _IMAGE_PART_TYPES:
                 images += 1
+            elif kind == "tool_use":  # Anthropic's blocks: a call's arguments, its result
+                texts.append(orjson.dumps(part.get("input")).decode())
+            elif kind == "tool_result":
+                images += _content_texts(part.get("content"), texts)
     return images

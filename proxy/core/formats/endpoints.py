@@ -24,6 +24,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/completions", "completions", "text_completion", True, True),
     Endpoint("/v1/responses", "responses", "chat", True, True),
     Endpoint("/v1/embeddings", "embeddings", "embeddings", False, True),
+    Endpoint("/v1/messages", "messages", "chat", True, False),
 )
 BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}
+# Anthropic's Messages API: the paths under it answer errors in Anthropic's shape; its
+# token count is answered by the proxy itself (not a call: never queued nor sent).
+ANTHROPIC_PREFIX = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 PATH_OF: dict[Kind, str] = {e.kind: e.path for e in ENDPOINTS}

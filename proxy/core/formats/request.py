@@ -18,7 +18,7 @@ import orjson
 from ..call.tokens import TokenCounter
 from ..errors import InvalidRequest
 
-Kind = Literal["chat", "completions", "responses", "embeddings"]
+Kind = Literal["chat", "completions", "responses", "embeddings", "messages"]
 MAX_MODEL_NAME = 256
 MAX_CHOICES = 128  # OpenAI's own limit on ``n``
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -56,12 +56,7 @@ def parse_call(raw: bytes, kind: Kind, limits: BodyLimits, counter: TokenCounter
     """The checked call, its prompt counted; raises InvalidRequest. Costs time in
     proportion to the body's size and its count of arrays and objects, both bounded."""
     body = _parse_object(raw, limits)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a string.", param="model")
-    if len(model) > MAX_MODEL_NAME:
-        raise InvalidRequest(f"'model' is longer than {MAX_MODEL_NAME} characters.",
-                             param="model")
+    model = _model(body)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -77,6 +72,16 @@ def parse_call(raw: bytes, kind: Kind, limits: BodyLimits, counter: TokenCounter
                 bool(options and options.get("include_usage")))
     _READERS[kind](call, counter, limits.exact_token_chars)
     return call
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string.", param="model")
+    if len(model) > MAX_MODEL_NAME:
+        raise InvalidRequest(f"'model' is longer than {MAX_MODEL_NAME} characters.",
+                             param="model")
+    return model
 
 
 def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
@@ -144,9 +149,50 @@ def _embeddings(call: Call, counter: TokenCounter, exact: int) -> None:
     call.prompt_tokens = counter.count_input(value, exact)
 
 
+def _messages(call: Call, counter: TokenCounter, exact: int) -> None:
+    """Anthropic's Messages API: ``max_tokens`` is required, as Anthropic requires it; its
+    ``service_tier`` (``auto``, ``standard_only``) is Anthropic's own, not OpenAI's."""
+    call.prompt_tokens, call.last_user_message = _message_prompt(call.body, counter, exact)
+    call.max_tokens = _positive_int(call.body, "max_tokens")
+    if call.max_tokens is None:
+        raise InvalidRequest("'max_tokens' is required.", param="max_tokens")
+    call.service_tier = None
+
+
+def _message_prompt(body: dict[str, Any], counter: TokenCounter,
+                    exact: int) -> tuple[int, str]:
+    """A Messages request's prompt tokens (its system prompt, messages and tools) and its
+    last user message."""
+    messages, system, tools = body.get("messages"), body.get("system"), body.get("tools")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(
+            "'messages' is required and must be a non-empty array.", param="messages")
+    for message in messages:
+        if not isinstance(message, dict):
+            raise InvalidRequest("Each message must be an object.", param="messages")
+    if system is not None and not isinstance(system, str | list):
+        raise InvalidRequest("'system' must be a string or an array of blocks.",
+                             param="system")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be an array.", param="tools")
+    items = [{"role": "system", "content": system}, *messages] if system else messages
+    tokens = counter.count_messages(items, exact)
+    if tools:
+        tokens += counter.count_input(orjson.dumps(tools).decode(), exact)
+    return tokens, counter.last_user_message(messages)
+
+
+def count_message_tokens(raw: bytes, limits: BodyLimits, counter: TokenCounter
+                         ) -> tuple[str, int]:
+    """``POST /v1/messages/count_tokens``: the model named and the prompt's tokens, as
+    the proxy counts them; raises InvalidRequest."""
+    body = _parse_object(raw, limits)
+    return _model(body), _message_prompt(body, counter, limits.exact_token_chars)[0]
+
+
 _READERS: dict[str, Callable[[Call, TokenCounter, int], None]] = {
     "chat": _chat, "completions": _completions, "responses": _responses,
-    "embeddings": _embeddings,
+    "embeddings": _embeddings, "messages": _messages,
 }
 
 

@@ -6,7 +6,8 @@
 - A 429 cuts the provider's adaptive concurrency limit to what it was seen to bear and,
   unless other calls were running (the provider's concurrency showing), pauses the
   deployment for its ``retry-after`` (or ``THROTTLE_DEFAULT_S``); it never counts against
-  its health.
+  its health. A 529 (overloaded) pauses the deployment the same way, with no cut: the
+  provider as a whole is busy.
 - rpm/tpm buckets per provider are taken only when a call really goes upstream, and
   refunded or reconciled with the actual usage afterwards; a spent bucket pauses the
   provider until it refills. A key's own buckets work the same way, taken when its call
@@ -43,6 +44,10 @@ class Verdict(enum.Enum):
     SUCCESS = "success"  # answered: a 2xx, or a 4xx that is the client's own
     FAILURE = "failure"  # connect error, timeout, 5xx, a stream broken by the upstream
     THROTTLED = "throttle"  # 429
+    # A 529 (Anthropic's overloaded_error): the provider as a whole is busy, not limiting
+    # the proxy; no verdict on health nor on the concurrency it bears: the deployment
+    # pauses and the call falls back to another candidate.
+    OVERLOADED = "overloaded"
     AUTH = "auth"  # 401/403: the provider's key is wrong; a failure of the deployment
     ABANDONED = "abandon"  # the client left
     # A 429 "resource unavailable" to a call sent with a provider service tier (flex): the
@@ -63,6 +68,7 @@ class Start(enum.Enum):
 SUCCESS: Final = Verdict.SUCCESS
 FAILURE: Final = Verdict.FAILURE
 THROTTLED: Final = Verdict.THROTTLED
+OVERLOADED: Final = Verdict.OVERLOADED
 AUTH: Final = Verdict.AUTH
 ABANDONED: Final = Verdict.ABANDONED
 DECLINED: Final = Verdict.DECLINED
@@ -191,6 +197,9 @@ class Fleet:
         elif verdict is THROTTLED:
             breaker.on_throttle(now, started)
             self._throttle(deployment, now, retry_after_s, beside)
+        elif verdict is OVERLOADED:
+            breaker.on_throttle(now, started)
+            self._pause(deployment, now, retry_after_s)
         else:
             breaker.on_abandon(now, started)
         if used is None:
@@ -211,6 +220,11 @@ class Fleet:
         self._scheduler.cut(name, now, beside)
         if others > 0:
             return
+        self._pause(deployment, now, retry_after_s)
+
+    def _pause(self, deployment: Deployment, now: float, retry_after_s: float | None) -> None:
+        """The deployment pauses for ``retry_after_s`` (or ``THROTTLE_DEFAULT_S``), at least
+        a span that doubles with each refusal in a row."""
         streak = self._throttles[deployment.id] = self._throttles.get(deployment.id, 0) + 1
         shortest = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
         pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s

@@ -62,14 +62,17 @@ class Incoming(Protocol):
 
 async def read_call(request: Incoming, kind: Kind, limits: BodyLimits,
                     counter: TokenCounter) -> Call:
-    if isinstance(request, web.BaseRequest):  # aiohttp's read has no bound of its own
-        async with arriving(BODY_WAIT_S):
-            raw = await request.read()
-    else:  # the lane's: bounded only where the body is not in yet (``FastRequest.read``)
-        raw = await request.read()
+    raw = await read_body(request)
     if len(raw) <= OFFLOAD_BYTES:
         return parse_call(raw, kind, limits, counter)
     return await asyncio.to_thread(parse_call, raw, kind, limits, counter)
+
+
+async def read_body(request: Incoming) -> bytes:
+    if isinstance(request, web.BaseRequest):  # aiohttp's read has no bound of its own
+        async with arriving(BODY_WAIT_S):
+            return await request.read()
+    return await request.read()  # the lane's: bounded where the body is not in yet
 
 
 @contextlib.asynccontextmanager
@@ -109,10 +112,11 @@ def secret_digest(value: str) -> str:
 
 def upstream_headers(upstream: Mapping[str, str], *, error: bool = False) -> dict[str, str]:
     """The allowlisted upstream response headers, plus its request id renamed
-    ``x-upstream-request-id`` (the client's own ``x-request-id`` is the proxy's)."""
+    ``x-upstream-request-id`` (the client's own ``x-request-id`` and ``request-id`` are
+    the proxy's)."""
     allowed = _ERROR_HEADERS if error else _ANSWER_HEADERS
     headers = {name: upstream[name] for name in allowed if name in upstream}
-    upstream_id = upstream.get("x-request-id")
+    upstream_id = upstream.get("x-request-id") or upstream.get("request-id")  # Anthropic's
     if upstream_id is not None:
         headers["x-upstream-request-id"] = upstream_id
     return headers

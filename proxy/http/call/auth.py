@@ -1,4 +1,6 @@
-"""Proxy keys → principals, looked up by SHA-256 digest (no text comparison of secrets)."""
+"""Proxy keys → principals, looked up by SHA-256 digest (no text comparison of secrets).
+A key comes as ``Authorization: Bearer`` (OpenAI's SDKs), ``x-api-key`` (Anthropic's) or
+``api-key`` (Azure's)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ class Authenticator:
         self._internal = None if internal_token is None else secret_digest(internal_token)
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        token = bearer(headers.get("Authorization", "")) or headers.get("api-key", "")
+        token = (bearer(headers.get("Authorization", "")) or headers.get("x-api-key", "")
+                 or headers.get("api-key", ""))
         if self._internal is not None and ON_BEHALF in headers and token and hmac.compare_digest(
                 secret_digest(token), self._internal):
             principal = self._by_name.get(headers[ON_BEHALF])
@@ -38,7 +41,8 @@ class Authenticator:
             return ANONYMOUS
         if not token:
             raise InvalidApiKey(
-                "Missing proxy key: send it as 'Authorization: Bearer <key>'."
+                "Missing proxy key: send it as 'Authorization: Bearer <key>' (or "
+                "'x-api-key: <key>', as Anthropic's SDKs do)."
             )
         principal = self._by_digest.get(secret_digest(token))
         if principal is None:

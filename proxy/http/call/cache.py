@@ -1,11 +1,12 @@
 """The response cache, opt-in per model (``models.<name>.cache: {ttl_s, max_entries}``).
 
-Only deterministic calls are cached: chat and legacy completions with ``temperature: 0`` or
-a ``seed``. A call's fingerprint, which its entry is found by, is the SHA-256 of the
-canonical request: the call's key name (one key never sees another's answers), the public
-model, and the body with its fields sorted, whole numbers written alike (``0`` and ``0.0``)
-and the fields that do not change the answer left out (``stream``, ``stream_options``,
-``user``, ``metadata``, ``store``, ``service_tier``).
+Only deterministic calls are cached: chat, legacy completions and Anthropic Messages calls
+with ``temperature: 0`` or a ``seed``. A call's fingerprint, which its entry is found by,
+is the SHA-256 of the canonical request: the call's endpoint and key name (one key never
+sees another's answers), the public model, and the body with its fields sorted, whole
+numbers written alike (``0`` and ``0.0``) and the fields that do not change the answer
+left out (``stream``, ``stream_options``, ``user``, ``metadata``, ``store``,
+``service_tier``). An entry is in the client's format, whatever the provider's.
 Identical calls arriving while one of them is on its way upstream wait for its answer
 (until their own deadline) instead of going upstream too. An entry is the JSON answer as
 the upstream gave it (a streamed answer is assembled into
@@ -32,11 +33,13 @@ from cachetools import TLRUCache
 
 from ...core.call.route import CacheSettings, ModelRoute
 from ...core.clock import Clock
+from ...core.formats import messages
+from ...core.formats.events import End
 from ...core.formats.request import Call
 from ...core.value import value
 from ...state.base import Answers
 
-CACHED_KINDS = frozenset({"chat", "completions"})
+CACHED_KINDS = frozenset({"chat", "completions", "messages"})
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
                             "service_tier"})
 MAX_ENTRY_BYTES = 1 << 20
@@ -195,6 +198,9 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 def replay(kind: str, answer: bytes, include_usage: bool) -> bytes:
     """A cached JSON answer as the SSE stream the upstream would have sent."""
+    if kind == "messages":
+        encoder = messages.MessagesStreamEncoder()
+        return b"".join(encoder.encode(event) for event in messages.decode_answer(answer))
     whole = orjson.loads(answer)
     head = {k: whole[k] for k in ("id", "created", "model", "system_fingerprint")
             if k in whole}
@@ -225,6 +231,8 @@ def replay(kind: str, answer: bytes, include_usage: bool) -> bytes:
 def assemble(kind: str, payloads: list[bytes]) -> bytes | None:
     """A streamed answer's events as the one JSON answer a non-streamed call gets; None if
     they carry more than text (tool calls, logprobs, refusals) or do not parse."""
+    if kind == "messages":
+        return _assemble_message(payloads)
     head: dict[str, Any] = {}
     texts: dict[int, list[str]] = {}
     finish: dict[int, Any] = {}
@@ -258,7 +266,8 @@ def assemble(kind: str, payloads: list[bytes]) -> bytes | None:
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])
-        body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}}
+        body: dict[str, Any] = ({"message": {"role": "assistant", "content": text,
+                                             "refusal": None}}
                                 if kind == "chat" else {"text": text})
         choices.append({"index": index, **body, "logprobs": None,
                         "finish_reason": finish.get(index)})
@@ -267,3 +276,22 @@ def assemble(kind: str, payloads: list[bytes]) -> bytes | None:
     if usage is not None:
         whole["usage"] = usage
     return orjson.dumps(whole)
+
+
+def _assemble_message(payloads: list[bytes]) -> bytes | None:
+    """A Messages stream's events as one ``message``, if it holds only text."""
+    decoder = messages.MessagesStreamDecoder()
+    events = []
+    try:
+        for data in payloads:
+            event = orjson.loads(data)
+            if (event.get("type") == "content_block_start"
+                    and event["content_block"]["type"] != "text"):
+                return None
+            events += decoder.feed(b"data: " + data + b"\n\n")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+    events += decoder.close()
+    if not isinstance(events[-1], End):
+        return None
+    return messages.encode_answer(events)

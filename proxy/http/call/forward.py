@@ -42,16 +42,30 @@ from ...core.call.route import Deployment
 from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
 from ...core.engine import Engine
-from ...core.errors import InvalidRequest, ShuttingDown, UpstreamError
-from ...core.formats.endpoints import ENDPOINTS, Endpoint
-from ...core.health.fleet import ABANDONED, AUTH, DECLINED, FAILURE, SUCCESS, THROTTLED
+from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown, UpstreamError
+from ...core.formats.endpoints import COUNT_TOKENS_PATH, ENDPOINTS, Endpoint
+from ...core.formats.events import Translation
+from ...core.formats.request import Call, count_message_tokens
+from ...core.formats.wires import MESSAGES_PATH, WIRE_OF, translation
+from ...core.health.fleet import (
+    ABANDONED,
+    AUTH,
+    DECLINED,
+    FAILURE,
+    OVERLOADED,
+    SUCCESS,
+    THROTTLED,
+)
+from ...core.health.provider import Provider
 from ...core.scheduling.scheduler import Rejection
 from ...state.base import Lease
 from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
-from ..base.edge import Incoming, read_call, upstream_headers
+from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call, upstream_headers
 from ..base.metrics import Metrics
+from ..upstream import anthropic
 from ..upstream.upstream import Upstream, UpstreamRequest, UpstreamResponse
+from . import translate
 from .accounting import record_usage
 from .admission import Admission
 from .auth import ON_BEHALF, Authenticator
@@ -59,12 +73,16 @@ from .budget import BudgetGate
 from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
 from .hits import CacheHits
 from .homes import Homes
-from .relay import answer_headers, relay, usage_counts
+from .relay import MessagesTally, StreamTally, Tally, answer_headers, relay, usage_counts
 from .replicas import Replicas
 from .semantic_cache import Pending, SemanticCache
 from .tracing import TRACE
 
-FORWARDED_REQUEST_HEADERS = ("openai-beta", "user-agent")
+# The client's headers an upstream of each wire gets (a provider's anthropic-version is its
+# own: configured, never the client's).
+FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
+                             "messages": ("anthropic-beta", "user-agent")}
+OVERLOADED_STATUS = 529  # Anthropic's overloaded_error
 
 
 @dataclass(slots=True)
@@ -80,6 +98,7 @@ class Exchange:
     fingerprint: bytes | None = None  # a cacheable call that missed: its answer is kept
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
     semantic: Pending | None = None  # a semantic cache miss: its answer is kept
+    translation: Translation | None = None  # the attempt's request, in another format
 
 
 class Forwarder:
@@ -182,6 +201,23 @@ class Forwarder:
         finally:
             while held:
                 held.pop()()
+
+    async def count_tokens(self, request: Incoming) -> web.StreamResponse:
+        """``POST /v1/messages/count_tokens``: the prompt's tokens as the proxy counts them
+        (estimated where the text is long), for a model of the routing table. Answered
+        here: never queued nor sent upstream."""
+        record = request[RECORD]
+        record.key = self._auth.authenticate(request.headers).name
+        raw = await read_body(request)
+        count = functools.partial(count_message_tokens, raw, self._limits.body, self._counter)
+        model, tokens = count() if len(raw) <= OFFLOAD_BYTES else await asyncio.to_thread(
+            count)
+        record.model = model
+        if model not in self._engine.models:
+            raise ModelNotFound(f"The model '{model}' does not exist on this proxy.",
+                                param="model")
+        return web.json_response({"input_tokens": tokens},
+                                 headers={"request-id": request[REQUEST_ID]})
 
     def _ended(self, exchange: Exchange) -> None:
         """The call is over, however it ended: what its attempt in flight held goes back."""
@@ -327,41 +363,56 @@ class Forwarder:
         self._settle(exchange, deployment if attempts.used is not None else None, cost)
         return command
 
+    def _outgoing(self, exchange: Exchange, endpoint: Endpoint, deployment: Deployment,
+                  provider: Provider, direction: str | None) -> UpstreamRequest:
+        """The attempt's request: the call's body for ``deployment`` (its model, service
+        tier and stream options), in the provider's format, and the headers passed on."""
+        plan, request = exchange.plan, exchange.request
+        call = plan.call
+        body = dict(call.body)
+        body["model"] = deployment.model
+        wire = WIRE_OF.get(provider.kind, "openai")
+        path = endpoint.path.removeprefix("/v1")
+        if direction is not None:
+            path, exchange.translation = translate.outgoing(body, direction)
+            body = exchange.translation.body
+        elif wire == "messages":
+            path = MESSAGES_PATH
+        if wire == "openai":
+            tier = self._tier(exchange)[0]
+            service_tier = upstream_service_tier(call.service_tier, tier)
+            if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
+                body["service_tier"] = exchange.attempts.service_tier
+            elif (service_tier is None or not provider.accepts_service_tier
+                  or exchange.attempts.declined):
+                body.pop("service_tier", None)
+            # Chat and completions streams report usage only when asked: the proxy asks
+            # (and hides the answer from a client that did not). Responses streams always
+            # report it; a translated stream's encoder honours the client's own ask.
+            if call.stream and (direction is not None or _strips_usage(call)):
+                body["stream_options"] = {**(body.get("stream_options") or {}),
+                                          "include_usage": True}
+        # x-request-id only if the client sent one: some servers refuse one not a UUID.
+        forwarded = {"x-client-request-id": request[REQUEST_ID]}
+        if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
+            forwarded["x-request-id"] = request[REQUEST_ID]
+        for name in FORWARDED_REQUEST_HEADERS[wire]:
+            if name in request.headers:
+                forwarded[name] = request.headers[name]
+        trace = request[TRACE]
+        if trace is not None:
+            trace.attempt(deployment, provider.kind, forwarded)
+        return UpstreamRequest(path=path, body=orjson.dumps(body), model=deployment.model,
+                               stream=call.stream, headers=forwarded)
+
     async def _send(self, exchange: Exchange, endpoint: Endpoint,
                     deployment: Deployment) -> Result:
         """One upstream attempt, relayed to the client if it succeeds."""
         plan, request = exchange.plan, exchange.request
         call = plan.call
         provider = self._engine.providers[deployment.provider]
-        # Chat and completions streams report usage only when asked: the proxy asks, and hides
-        # the answer from a client that did not. Responses streams always report it.
-        strip_usage = call.stream and call.kind in ("chat", "completions") and not call.wants_usage
-        body = dict(call.body)
-        body["model"] = deployment.model
-        tier, tier_name = self._tier(exchange)
-        service_tier = upstream_service_tier(call.service_tier, tier)
-        if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
-            body["service_tier"] = exchange.attempts.service_tier
-        elif (service_tier is None or not provider.accepts_service_tier
-              or exchange.attempts.declined):
-            body.pop("service_tier", None)
-        if strip_usage:
-            body["stream_options"] = {**(call.body.get("stream_options") or {}),
-                                      "include_usage": True}
-        # x-request-id only if the client sent one: some servers refuse one not a UUID.
-        forwarded = {"x-client-request-id": request[REQUEST_ID]}
-        if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
-            forwarded["x-request-id"] = request[REQUEST_ID]
-        for name in FORWARDED_REQUEST_HEADERS:
-            if name in request.headers:
-                forwarded[name] = request.headers[name]
-        trace = request[TRACE]
-        if trace is not None:
-            trace.attempt(deployment, provider.kind, forwarded)
-        upstream_request = UpstreamRequest(
-            path=endpoint.path.removeprefix("/v1"), body=orjson.dumps(body),
-            model=deployment.model, stream=call.stream, headers=forwarded,
-        )
+        direction = translation(provider.kind, call.kind)
+        upstream_request = self._outgoing(exchange, endpoint, deployment, provider, direction)
         started = self._clock.now()
         try:
             response = await self._upstreams[deployment.provider].send(
@@ -369,20 +420,23 @@ class Forwarder:
         except UpstreamError as exc:
             return Result(FAILURE, error=exc)
         try:
-            headers = response.headers
-            if ("x-ratelimit-remaining-requests" in headers
-                    or "x-ratelimit-remaining-tokens" in headers):
-                self._engine.fleet.observe_quota(deployment.provider, headers, self._clock.now())
-                self._admission.act_on_decisions()
+            self._observe_quota(deployment, response.headers)
             status = response.status
             if status in (429, 498) or status >= 500 or status in (401, 403):
-                return await self._upstream_failure(exchange, response, deployment)
-            headers = answer_headers(request, tier_name, exchange.attempts, deployment, response)
+                return await self._upstream_failure(exchange, response, deployment, direction)
+            headers = answer_headers(request, self._tier(exchange)[1], exchange.attempts,
+                                     deployment, response)
+            if exchange.translation is not None:
+                headers.update(translate.translation_headers(exchange.translation))
             fingerprint = exchange.fingerprint
             if fingerprint is not None:
                 headers["x-proxy-cache"] = "miss"
             if not call.stream or status != 200:
                 data = await response.read()
+                if direction is not None:
+                    data = translate.answer(direction, data, status, call.prompt_tokens,
+                                            request[REQUEST_ID])
+                    headers["content-type"] = "application/json"
                 exchange.answer = web.Response(body=data, status=status, headers=headers)
                 prompt, completion, response_id, served_at = _answer_facts(data) if (
                     status == 200) else (None, None, None, None)
@@ -399,10 +453,19 @@ class Forwarder:
                 return Result(FAILURE,
                               error=UpstreamError("upstream stream ended before any data"))
             ttft = self._clock.now() - started
+            keep = MAX_ENTRY_BYTES if fingerprint else 0
+            tally: Tally
+            if direction is not None:
+                tally = translate.Translating(
+                    direction, include_usage=call.wants_usage, input_tokens=call.prompt_tokens,
+                    request_id=request[REQUEST_ID], keep_bytes=keep)
+            elif call.kind == "messages":
+                tally = MessagesTally(keep, request[REQUEST_ID])
+            else:
+                tally = StreamTally(_strips_usage(call), keep)
             exchange.answer, result = await relay(
                 self._metrics, self._limits.write_timeout_s, request, headers, deployment,
-                response, chunks, first, strip_usage,
-                keep_bytes=MAX_ENTRY_BYTES if fingerprint else 0)
+                response, chunks, first, tally)
             self._homes.remember(call, result.response_id, deployment)
             whole = (assemble(call.kind, result.kept)
                      if result.kept and result.verdict is SUCCESS else None)
@@ -420,12 +483,23 @@ class Forwarder:
         finally:
             response.close()
 
+    def _observe_quota(self, deployment: Deployment, headers: Mapping[str, str]) -> None:
+        """The provider's rate-limit headers, Anthropic's read as everyone else's."""
+        if ("x-ratelimit-remaining-requests" not in headers
+                and "x-ratelimit-remaining-tokens" not in headers):
+            if (anthropic.PREFIX + "requests-remaining" not in headers
+                    and anthropic.PREFIX + "tokens-remaining" not in headers):
+                return
+            headers = anthropic.quota_headers(headers, self._clock.wall())
+        self._engine.fleet.observe_quota(deployment.provider, headers, self._clock.now())
+        self._admission.act_on_decisions()
 
     async def _upstream_failure(self, exchange: Exchange, response: UpstreamResponse,
-                                deployment: Deployment) -> Result:
-        """A 429, 5xx, 401 or 403. A 5xx is kept, to be passed through if every attempt fails;
-        a 429 never reaches the client (the call waits for the pause instead) and an auth
-        failure's body may quote the provider's key."""
+                                deployment: Deployment, direction: str | None) -> Result:
+        """A 429, 529, 5xx, 401 or 403. A 5xx is kept, to be passed through (in the
+        client's format) if every attempt fails; a 429 never reaches the client (the call
+        waits for the pause instead) and an auth failure's body may quote the provider's
+        key."""
         body = await response.read()
         status = response.status
         retry_after = parse_retry_after(response.headers, self._clock.wall())
@@ -438,8 +512,19 @@ class Forwarder:
         headers = upstream_headers(response.headers, error=True)
         headers["x-proxy-upstream"] = deployment.id
         headers["x-proxy-tier"] = self._tier(exchange)[1]
+        if direction is not None:
+            body = translate.answer(direction, body, status, 0,
+                                    exchange.request[REQUEST_ID])
+            headers["content-type"] = "application/json"
         exchange.failure = web.Response(body=body, status=status, headers=headers)
-        return Result(FAILURE, status=status, retry_after_s=retry_after)
+        return Result(OVERLOADED if status == OVERLOADED_STATUS else FAILURE, status=status,
+                      retry_after_s=retry_after)
+
+
+def _strips_usage(call: Call) -> bool:
+    """A chat or completions stream the proxy asks for usage the client did not ask for:
+    the usage-only chunk is taken out of what the client gets."""
+    return call.stream and call.kind in ("chat", "completions") and not call.wants_usage
 
 
 def _count(value: object) -> int | None:
@@ -482,3 +567,10 @@ HANDLERS: dict[str, Callable[[Incoming], Awaitable[web.StreamResponse]]] = {
 ROUTED: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
     e.path: functools.partial(_routed, endpoint=e) for e in ENDPOINTS
 }
+
+
+async def _count_tokens(request: web.Request) -> web.StreamResponse:
+    return await request.app[FORWARDER].count_tokens(request)
+
+
+ROUTED[COUNT_TOKENS_PATH] = _count_tokens

@@ -1,4 +1,5 @@
-"""Request ids, OpenAI-shaped errors and per-call metrics, for every route."""
+"""Request ids, errors in the client's shape (OpenAI's; Anthropic's on the Messages API's
+paths) and per-call metrics, for every route."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from ...core.errors import InvalidRequest, ProxyError, RequestTooLarge
-from ...core.formats.endpoints import BY_PATH
+from ...core.formats import messages
+from ...core.formats.endpoints import ANTHROPIC_PREFIX, BY_PATH
+from ...core.formats.events import error_of
 from ..base.access import CallRecord
 from ..base.appkeys import ACCESS_LOG, COMMITTED, RECORD, REQUEST_ID
 from ..base.edge import Incoming, client_request_id
@@ -47,15 +50,21 @@ def _request_id(request: Incoming) -> str:
     return client_request_id(request.headers) or request.app[REQUEST_IDS].next()
 
 
-def error_response(error: ProxyError, request_id: str, tier: str | None) -> web.Response:
+def error_response(error: ProxyError, request_id: str, tier: str | None,
+                   path: str = "") -> web.Response:
+    """The proxy's own error: in OpenAI's shape, or in Anthropic's on the Messages API's
+    paths (with its ``request-id`` header too)."""
     headers = error.headers()
     headers["x-request-id"] = request_id
     if tier is not None:
         headers["x-proxy-tier"] = tier
-    response = web.Response(
-        body=orjson.dumps(error.body()), status=error.status,
-        content_type="application/json", headers=headers,
-    )
+    if path.startswith(ANTHROPIC_PREFIX):
+        headers["request-id"] = request_id
+        body = messages.encode_error(error_of(error), request_id)
+    else:
+        body = orjson.dumps(error.body())
+    response = web.Response(body=body, status=error.status, content_type="application/json",
+                            headers=headers)
     if error.closes:
         response.force_close()
     return response
@@ -103,19 +112,19 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
         status, record.code = exc.status, exc.code
         if record.tier is not None and exc.status in (429, 503):
             service.metrics.rejections.get(record.tier, exc.code).inc()
-        return error_response(exc, request_id, record.tier)
+        return error_response(exc, request_id, record.tier, request.path)
     except web.RequestPayloadError as exc:  # a body that cannot be decoded (bad gzip)
         # aiohttp words it "400, message:\n  Can not decode content-encoding: gzip".
         reason = (str(exc).strip().splitlines() or ["undecodable"])[-1].strip()
         error: ProxyError = InvalidRequest(f"The request body could not be read ({reason}).")
         status, record.code = error.status, error.code
-        return error_response(error, request_id, record.tier)
+        return error_response(error, request_id, record.tier, request.path)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         error = _from_http(exc)
         status, record.code = error.status, error.code
-        return error_response(error, request_id, record.tier)
+        return error_response(error, request_id, record.tier, request.path)
     except Exception:  # the one place where an unexpected error becomes a 500
         log.exception("unhandled error in %s %s (request %s)", request.method, request.path,
                       request_id)
@@ -126,7 +135,7 @@ async def guarded(request: R, handler: Callable[[R], Awaitable[web.StreamRespons
                 request.transport.abort()
             raise
         error = ProxyError("The proxy failed unexpectedly; this is a bug.")
-        return error_response(error, request_id, record.tier)
+        return error_response(error, request_id, record.tier, request.path)
     finally:
         if trace is not None:
             trace.end(status, record)

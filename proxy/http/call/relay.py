@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -14,6 +14,10 @@ from aiohttp import web
 from ...core.call.attempts import Attempts
 from ...core.call.route import Deployment
 from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
+from ...core.formats import messages
+from ...core.formats.endpoints import ANTHROPIC_PREFIX
+from ...core.formats.events import Error
+from ...core.formats.sse import frame
 from ...core.health.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ...core.value import value
 from ..base.appkeys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
@@ -39,6 +43,26 @@ _MARKS = (b'"usage"', b"response.", b"[DONE]")
 CR, LF = ord("\r"), ord("\n")
 
 
+class Tally(Protocol):
+    """What ``relay`` reads a stream through: the events to write as they complete, and
+    what the stream said (``StreamTally`` passes the upstream's own bytes;
+    ``translate.Translating`` writes them in another format)."""
+
+    done: bool
+    events: int
+    usage: dict[str, Any] | None
+    response_id: str | None
+    service_tier: object
+    kept: list[bytes] | None
+    failure: str | None  # the upstream's own error event, relayed in the client's format
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def error_event(self, message: str, code: str) -> bytes: ...
+
+
 class StreamTally:
     """Relays whole SSE events only, counting content events and picking up ``usage`` as
     they pass, so a stream that breaks never leaves the client half an event.
@@ -60,6 +84,7 @@ class StreamTally:
         self.service_tier: object = None  # the tier the provider says it served the call at
         self.done = False
         self.response_id: str | None = None
+        self.failure: str | None = None
         self._pending = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -117,6 +142,9 @@ class StreamTally:
             start = after
         self._pending = buffer[start:]
         return b"".join(kept) if dropped else buffer[:start]
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return error_event(message, code)
 
     def finish(self) -> bytes:
         """At a clean end of the stream: what is left, as a whole event (a CR last in the
@@ -180,6 +208,56 @@ class StreamTally:
                 self.usage, self.service_tier = usage, response.get("service_tier")
 
 
+class MessagesTally(StreamTally):
+    """An Anthropic Messages stream relayed as it is (a Messages call to a Messages
+    provider): its usage from ``message_start`` and ``message_delta``, its end at
+    ``message_stop``; an ``error`` event passes to the client, which reads it as the
+    stream's end, and nothing is written after it."""
+
+    def __init__(self, keep_bytes: int, request_id: str) -> None:
+        super().__init__(False, keep_bytes)
+        self._request_id = request_id
+
+    def error_event(self, message: str, code: str) -> bytes:
+        if self.failure is not None:  # the upstream's own error was the last event
+            return b""
+        return frame(messages.encode_error(Error(502, message, code), self._request_id),
+                     b"error")
+
+    def _inspect(self, event: bytes) -> bool:
+        data = event_data(event)
+        if data is None:
+            return True
+        self.events += 1
+        if self.kept is not None:
+            self._kept_bytes += len(data)
+            if self._kept_bytes <= self._keep_bytes:
+                self.kept.append(data)
+            else:
+                self.kept = None
+        if data.find(b'"message_') < 0 and data.find(b'"error"') < 0:
+            return True
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return True
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "message_start":
+            message = payload.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self.usage = usage
+        elif kind == "message_delta":
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                self.usage = {**(self.usage or {}), **usage}
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            self.failure = messages.decode_error(502, data).message[:1000]
+        return True
+
+
 def boundaries(buffer: bytes, pos: int) -> list[tuple[int, int]]:
     """Where the events in ``buffer`` end, from ``pos`` on: (end of the event, start of the
     next). Streams whose lines end in LF alone (nearly all) are cut by ``bytes.find``."""
@@ -222,6 +300,8 @@ def answer_headers(
     as foreseen when the call arrived (calls ahead, wait) beside its real wait."""
     headers = upstream_headers(response.headers)
     headers["x-request-id"] = request[REQUEST_ID]
+    if request.path.startswith(ANTHROPIC_PREFIX):  # where Anthropic's SDKs look for it
+        headers["request-id"] = request[REQUEST_ID]
     headers["x-proxy-tier"] = tier_name
     headers["x-proxy-queue-ms"] = str(round(attempts.queue_s * 1000))
     ticket = attempts.ticket
@@ -246,8 +326,16 @@ class Relayed:
 
 def usage_counts(usage: dict[str, Any]) -> tuple[object, object]:
     """(prompt, completion) tokens from a usage object, in Chat Completions' names or the
-    Responses API's (``input_tokens``, ``output_tokens``)."""
+    Responses API's and Anthropic's (``input_tokens``, ``output_tokens``). Anthropic's
+    ``input_tokens`` leaves out the tokens read from or written to its cache: they are
+    prompt tokens too, and counted."""
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if isinstance(prompt, int) and ("cache_read_input_tokens" in usage
+                                    or "cache_creation_input_tokens" in usage):
+        for name in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            cached = usage.get(name)
+            if isinstance(cached, int) and cached > 0:
+                prompt += cached
     return prompt, usage.get("completion_tokens", usage.get("output_tokens"))
 
 
@@ -277,8 +365,7 @@ async def relay(
     upstream: UpstreamResponse,
     chunks: AsyncIterator[bytes],
     first: bytes,
-    strip_usage: bool,
-    keep_bytes: int = 0,
+    tally: Tally,
 ) -> tuple[web.StreamResponse, Relayed]:
     """Past the commit point: relay chunks as they come; errors become an SSE error event.
     A stream that ends without its last event (``[DONE]``, or a Responses API stream's
@@ -286,7 +373,6 @@ async def relay(
     headers.setdefault("cache-control", "no-cache")
     answer = event_stream(request, headers)
     timeout_s = write_timeout_s
-    tally = StreamTally(strip_usage, keep_bytes)
     verdict = SUCCESS
     request[COMMITTED] = True
     watchdog = Watchdog(timeout_s)
@@ -313,7 +399,8 @@ async def relay(
         if not tally.done:
             if data:
                 await watchdog.send(answer.write(data))
-            raise UpstreamBadResponse("the provider's stream ended before its last event")
+            raise UpstreamBadResponse(
+                tally.failure or "the provider's stream ended before its last event")
         ending = True
         await watchdog.send(answer.write_eof(data))
     except UpstreamError as exc:
@@ -321,7 +408,7 @@ async def relay(
         request[RECORD].code = exc.code
         metrics.stream_errors.get(deployment.provider, exc.code).inc()
         # Only whole events were relayed: the error event is the next one, and parses.
-        event = error_event(f"upstream stream failed: {exc.message}", exc.code)
+        event = tally.error_event(f"upstream stream failed: {exc.message}", exc.code)
         try:
             await _to_client(answer.write(event), timeout_s)
             await _to_client(answer.write_eof(), timeout_s)
@@ -335,8 +422,8 @@ async def relay(
             raise
         verdict = ABANDONED
         request[RECORD].code = ShuttingDown.code
-        event = error_event("the proxy is shutting down; the stream was ended",
-                            ShuttingDown.code)
+        event = tally.error_event("the proxy is shutting down; the stream was ended",
+                                  ShuttingDown.code)
         try:
             await _to_client(answer.write(event), min(timeout_s, FAREWELL_S))
             await _to_client(answer.write_eof(), min(timeout_s, FAREWELL_S))

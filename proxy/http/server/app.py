@@ -43,6 +43,8 @@ def default_upstream(provider: Provider) -> Upstream:
         return SimulatedUpstream(provider.name, provider.sim)
     if provider.kind == "azure":
         auth = {"api-key": provider.api_key} if provider.api_key else {}
+    elif provider.kind == "anthropic":
+        auth = {"x-api-key": provider.api_key} if provider.api_key else {}
     else:
         auth = {"authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     return HttpUpstream(provider.base_url, {**provider.headers, **auth}, provider.query,
