@@ -41,7 +41,8 @@ def error_body(kind: str, message: str) -> dict[str, Any]:
 @dataclass
 class FakeAnthropic:
     """Behaviour per call from ``script`` (then ``default``): ok | tool | 529 | 429 | 400 |
-    500 | stream_error | cut. ``hold_s``: time before answering."""
+    500 | stream_error | cut | garbage (an ``ok`` call offered ``get_weather`` calls it).
+    ``hold_s``: time before answering."""
 
     default: str = "ok"
     script: deque[str] = field(default_factory=deque)
@@ -68,6 +69,9 @@ class FakeAnthropic:
             return web.json_response(error_body(
                 "invalid_request_error", "anthropic-version: header is required"), status=400)
         mode = self.script.popleft() if self.script else self.default
+        if mode == "ok" and any(isinstance(tool, dict) and tool.get("name") == "get_weather"
+                                for tool in body.get("tools") or []):
+            mode = "tool"
         if self.hold_s:
             await asyncio.sleep(self.hold_s)
         statuses = {"529": ("overloaded_error", "Overloaded"),
@@ -79,6 +83,8 @@ class FakeAnthropic:
             headers = {"retry-after": "1"} if mode == "429" else {}
             return web.json_response(error_body(kind, message), status=int(mode),
                                      headers={**headers, "request-id": "req_upstream"})
+        if mode == "garbage":
+            return web.Response(body=b"<html>oops</html>", content_type="application/json")
         model = body["model"]
         text = "".join(self.words)
         headers = {"request-id": "req_upstream", **self.reply_headers}

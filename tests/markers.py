@@ -54,6 +54,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_fidelity": (("e2e",), "the real `serve` in a subprocess, against the simulator"),
     "test_wire_reuse": (("e2e",), "the upstream client against raw asyncio servers"),
     "test_node_sdk": (("e2e",), "the Node openai SDK against the real `serve`"),
+    "test_anthropic_serve": (("e2e",), "Anthropic's SDKs and Claude Code against the real `serve`"),
     "test_conformance": (("e2e",), "requests from OpenAI's spec against the real `serve`"),
     "test_langchain": (("e2e",), "langchain-openai against the real `serve`"),
     "test_llama_server": (("e2e",), "llama.cpp's servers and the real `serve` in subprocesses"),

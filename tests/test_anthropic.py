@@ -458,3 +458,54 @@ async def test_a_deterministic_messages_call_is_served_from_the_cache_json_and_s
         text = "".join([piece async for piece in stream.text_stream])
     assert text == "Hello!" and len(r.claude.seen) == 1
     await client.close()
+
+
+async def test_calls_claude_cannot_take_go_only_where_they_can_or_are_refused(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    r = await rig(aiohttp_server, counter)
+    async with ClientSession() as session:
+        body = {"model": "claude-m", "input": "Say hello"}
+        async with session.post(r.v1 + "/responses", json=body) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["param"] == "model"
+        async with session.post(r.v1 + "/responses", json={**body, "model": "either"}) as (
+                response):
+            assert response.status == 200  # the candidate that speaks it
+            assert response.headers["x-proxy-upstream"] == "gpt/gpt-4o-mini"
+        async with session.post(r.v1 + "/embeddings",
+                                json={"model": "claude-m", "input": "x"}) as response:
+            assert response.status == 400
+    assert r.claude.seen == []
+
+
+async def test_a_chat_stream_translated_from_claude_is_valid_by_openais_spec(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    r = await rig(aiohttp_server, counter, claude=FakeAnthropic(script=deque(["ok", "tool"])))
+    async with ClientSession() as session:
+        for tools in ([], [CHAT_WEATHER]):
+            body = {"model": "claude-m", "messages": ASK, "stream": True,
+                    "stream_options": {"include_usage": True},
+                    **({"tools": tools} if tools else {})}
+            async with session.post(r.v1 + "/chat/completions", json=body) as response:
+                data = await response.read()
+            chunks = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e]
+            assert chunks[-1] == b"[DONE]"
+            for chunk in chunks[:-1]:
+                assert problems("openai", "CreateChatCompletionStreamResponse",
+                                orjson.loads(chunk)) == []
+
+
+async def test_a_claude_4xx_reaches_a_chat_client_in_openais_shape_and_garbage_falls_back(
+        aiohttp_server: Factory, counter: TokenCounter) -> None:
+    r = await rig(aiohttp_server, counter, claude=FakeAnthropic(script=deque(["400",
+                                                                             "garbage"])))
+    client = r.openai()
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="claude-m", messages=ASK)
+    assert "at least one message is required" in refused.value.message
+    assert refused.value.code == "invalid_request_error"
+    raw = await client.chat.completions.with_raw_response.create(model="either",
+                                                                messages=ASK)
+    assert raw.headers["x-proxy-upstream"] == "gpt/gpt-4o-mini"  # after the garbage
+    assert len(r.claude.seen) == 2
+    await client.close()

@@ -16,13 +16,16 @@ def _sse(payload: dict[str, Any], event: str | None = None) -> bytes:
 
 class Answer:
     """One answer of ``n_out`` tokens to a prompt of ``prompt_tokens``; ``text`` is the
-    whole output (bounded by the provider's max_output_tokens)."""
+    whole output (bounded by the provider's max_output_tokens). ``finish``: ``length`` where
+    the output stopped at the call's own limit, else ``stop``."""
 
     object_name = "chat.completion"
     repeats_text = False  # the last event carries the whole text again (Responses only)
 
-    def __init__(self, model: str, n_out: int, prompt_tokens: int) -> None:
+    def __init__(self, model: str, n_out: int, prompt_tokens: int,
+                 finish: str = "length") -> None:
         self.model = model
+        self.finish = finish
         self.n_out = n_out
         self.prompt_tokens = prompt_tokens
         self.id = f"chatcmpl-sim{time.monotonic_ns():x}"
@@ -38,7 +41,7 @@ class Answer:
             "model": self.model,
             "choices": [{"index": 0,
                          "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": "length"}],
+                         "logprobs": None, "finish_reason": self.finish}],
             "usage": self.usage(),
         })
 
@@ -49,7 +52,7 @@ class Answer:
         return b"".join(self._chunk({"content": w}, None) for w in words)
 
     def closing(self, text: str, include_usage: bool) -> bytes:
-        tail = self._chunk({}, "length")
+        tail = self._chunk({}, self.finish)
         if include_usage:
             tail += self._chunk(None, None, usage=self.usage())
         return tail + b"data: [DONE]\n\n"
@@ -74,7 +77,8 @@ class CompletionAnswer(Answer):
         return orjson.dumps({
             "id": self.id, "object": "text_completion", "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": self.finish}],
             "usage": self.usage(),
         })
 
@@ -85,7 +89,7 @@ class CompletionAnswer(Answer):
         return b"".join(self._text(w, None) for w in words)
 
     def closing(self, text: str, include_usage: bool) -> bytes:
-        tail = self._text("", "length")
+        tail = self._text("", self.finish)
         if include_usage:
             tail += _sse({"id": self.id, "object": "text_completion", "created": self.created,
                           "model": self.model, "choices": [], "usage": self.usage()})
@@ -102,8 +106,9 @@ class ResponseAnswer(Answer):
 
     repeats_text = True
 
-    def __init__(self, model: str, n_out: int, prompt_tokens: int) -> None:
-        super().__init__(model, n_out, prompt_tokens)
+    def __init__(self, model: str, n_out: int, prompt_tokens: int,
+                 finish: str = "length") -> None:
+        super().__init__(model, n_out, prompt_tokens, finish)
         self.id = f"resp_sim{time.monotonic_ns():x}"
         self.item_id = f"msg_sim{time.monotonic_ns():x}"
         self._sequence = 0

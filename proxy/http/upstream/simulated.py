@@ -5,8 +5,9 @@ Service time: ``ttft_s`` (+ prompt tokens / ``prefill_tokens_per_s``) to the fir
 then one token every ``1 / tokens_per_s``: ``ttft + n / tokens_per_s`` in all for ``n``
 tokens, streamed or whole, as the simulator (``proxy.sim.run``) counts it. Output length is
 ``max_tokens`` (or ``max_completion_tokens``, ``max_output_tokens``), else
-``default_output_tokens``, at most ``max_output_tokens``; answers come in the shape of the
-API called (``sim_answers``); a stream is generated as it goes, so memory stays bounded.
+``default_output_tokens``, at most ``max_output_tokens`` (finished for ``length`` where it
+is the call's own limit, else ``stop``); answers come in the shape of the API called
+(``sim_answers``); a stream is generated as it goes, so memory stays bounded.
 With ``capacity`` set it answers 429 past that many concurrent calls, like a real
 provider's concurrency limit.
 """
@@ -66,8 +67,9 @@ class SimulatedUpstream:
         )
         prompt_tokens = _prompt_tokens(body)
         ttft = s.ttft_s + (prompt_tokens / s.prefill_tokens_per_s if s.prefill_tokens_per_s else 0)
-        return SimulatedResponse(self, shape(request.model, n_out, prompt_tokens), ttft,
-                                 request.stream, include_usage)
+        finish = "length" if n_out == asked else "stop"  # at the call's own limit, or done
+        return SimulatedResponse(self, shape(request.model, n_out, prompt_tokens, finish),
+                                 ttft, request.stream, include_usage)
 
     async def close(self) -> None:
         return None
