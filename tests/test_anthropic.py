@@ -79,6 +79,12 @@ async def rig(aiohttp_server: Factory, counter: TokenCounter, *,
     return Rig(claude, gpt, str(proxy.make_url("")).rstrip("/"))
 
 
+async def posted(url: str, body: dict[str, Any]) -> bytes:
+    """What the proxy answers a POST of ``body``, as bytes (a stream whole)."""
+    async with ClientSession() as session, session.post(url, json=body) as response:
+        return await response.read()
+
+
 def stream_problems(data: bytes) -> list[str]:
     """What breaks Anthropic's spec in a Messages stream's events."""
     reader = SseReader()
@@ -318,13 +324,9 @@ async def test_every_candidate_overloaded_answers_in_the_clients_own_format(
 async def test_a_claude_stream_error_reaches_each_client_as_its_own_error_event(
         aiohttp_server: Factory, counter: TokenCounter) -> None:
     r = await rig(aiohttp_server, counter, claude=FakeAnthropic(default="stream_error"))
-    async with ClientSession() as session:
-        body = {"model": "claude-m", "max_tokens": 64, "messages": ASK, "stream": True}
-        async with session.post(r.v1 + "/messages", json=body) as response:
-            passed = await response.read()
-        async with session.post(r.v1 + "/chat/completions",
-                                json={**body, "max_tokens": 64}) as response:
-            translated = await response.read()
+    body = {"model": "claude-m", "max_tokens": 64, "messages": ASK, "stream": True}
+    passed = await posted(r.v1 + "/messages", body)
+    translated = await posted(r.v1 + "/chat/completions", body)
     assert passed == r.claude.sent[0]  # Anthropic's own error event, nothing after it
     assert stream_problems(passed) == []
     events = [line for line in translated.split(b"\n\n") if line]
@@ -335,10 +337,8 @@ async def test_a_claude_stream_error_reaches_each_client_as_its_own_error_event(
 async def test_a_cut_claude_stream_ends_in_an_anthropic_error_event(
         aiohttp_server: Factory, counter: TokenCounter) -> None:
     r = await rig(aiohttp_server, counter, claude=FakeAnthropic(default="cut"))
-    async with ClientSession() as session:
-        body = {"model": "claude-m", "max_tokens": 64, "messages": ASK, "stream": True}
-        async with session.post(r.v1 + "/messages", json=body) as response:
-            data = await response.read()
+    data = await posted(r.v1 + "/messages", {"model": "claude-m", "max_tokens": 64,
+                                             "messages": ASK, "stream": True})
     assert stream_problems(data) == []
     assert data.endswith(b"\n\n") and b"event: error" in data.rsplit(b"\n\n", 2)[-2]
     with pytest.raises(anthropic.APIStatusError):

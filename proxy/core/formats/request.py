@@ -84,14 +84,20 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
-def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
-    messages = call.body.get("messages")
+def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The body's ``messages``, a non-empty array of objects (Chat's and Anthropic's)."""
+    messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
             "'messages' is required and must be a non-empty array.", param="messages")
     for message in messages:
         if not isinstance(message, dict):
             raise InvalidRequest("Each message must be an object.", param="messages")
+    return messages
+
+
+def _chat(call: Call, counter: TokenCounter, exact: int) -> None:
+    messages = _messages_of(call.body)
     call.max_tokens = (_positive_int(call.body, "max_completion_tokens")
                        or _positive_int(call.body, "max_tokens"))
     call.choices = _positive_int(call.body, "n", MAX_CHOICES) or 1
@@ -163,13 +169,7 @@ def _message_prompt(body: dict[str, Any], counter: TokenCounter,
                     exact: int) -> tuple[int, str]:
     """A Messages request's prompt tokens (its system prompt, messages and tools) and its
     last user message."""
-    messages, system, tools = body.get("messages"), body.get("system"), body.get("tools")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest(
-            "'messages' is required and must be a non-empty array.", param="messages")
-    for message in messages:
-        if not isinstance(message, dict):
-            raise InvalidRequest("Each message must be an object.", param="messages")
+    messages, system, tools = _messages_of(body), body.get("system"), body.get("tools")
     if system is not None and not isinstance(system, str | list):
         raise InvalidRequest("'system' must be a string or an array of blocks.",
                              param="system")

@@ -146,6 +146,15 @@ class StreamTally:
     def error_event(self, message: str, code: str) -> bytes:
         return error_event(message, code)
 
+    def _keep(self, data: bytes) -> None:
+        """An event's data for the cache, while all kept stays within ``keep_bytes``."""
+        assert self.kept is not None
+        self._kept_bytes += len(data)
+        if self._kept_bytes <= self._keep_bytes:
+            self.kept.append(data)
+        else:
+            self.kept = None
+
     def finish(self) -> bytes:
         """At a clean end of the stream: what is left, as a whole event (a CR last in the
         stream ends its line; an event the upstream left unterminated is terminated, as a
@@ -169,11 +178,7 @@ class StreamTally:
             return True
         self.events += 1
         if self.kept is not None:
-            self._kept_bytes += len(data)
-            if self._kept_bytes <= self._keep_bytes:
-                self.kept.append(data)
-            else:
-                self.kept = None
+            self._keep(data)
         if data.find(b'"usage"') < 0 and (data.find(b"response.") < 0
                                           or not _RESPONSE_MARKS.search(data)):
             return True
@@ -230,11 +235,7 @@ class MessagesTally(StreamTally):
             return True
         self.events += 1
         if self.kept is not None:
-            self._kept_bytes += len(data)
-            if self._kept_bytes <= self._keep_bytes:
-                self.kept.append(data)
-            else:
-                self.kept = None
+            self._keep(data)
         if data.find(b'"message_') < 0 and data.find(b'"error"') < 0:
             return True
         try:
