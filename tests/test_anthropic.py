@@ -507,5 +507,6 @@ async def test_a_claude_4xx_reaches_a_chat_client_in_openais_shape_and_garbage_f
     raw = await client.chat.completions.with_raw_response.create(model="either",
                                                                 messages=ASK)
     assert raw.headers["x-proxy-upstream"] == "gpt/gpt-4o-mini"  # after the garbage
+    assert "x-proxy-approximated" not in raw.headers  # the Claude attempt's, not this one's
     assert len(r.claude.seen) == 2
     await client.close()

@@ -373,6 +373,7 @@ class Forwarder:
         body["model"] = deployment.model
         wire = WIRE_OF.get(provider.kind, "openai")
         path = endpoint.path.removeprefix("/v1")
+        exchange.translation = None  # an earlier attempt's, to another provider
         if direction is not None:
             path, exchange.translation = translate.outgoing(body, direction)
             body = exchange.translation.body
