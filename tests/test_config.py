@@ -11,6 +11,7 @@ import yaml
 
 import proxy
 from proxy.config import ConfigError, load_config, parse_config
+from proxy.core.health.provider import Provider
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,9 +142,9 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
     ("data", "message"),
     [
         (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurrency": 0}]),
-         "providers[0].max_concurrency: must be a positive integer"),
+         "providers[0].max_concurrency: must be a positive integer or auto"),
         (with_(providers=[{"name": "sim", "kind": "simulated", "max_concurrency": "x"}]),
-         "providers[0].max_concurrency: must be a positive integer"),
+         "providers[0].max_concurrency: must be a positive integer or auto"),
         (with_(providers=[{"name": "sim", "kind": "warp"}]),
          "providers[0].kind: must be one of openai, azure, anthropic, simulated"),
         (with_(providers=[{"name": "a", "base_url": "ftp://x"}]),
@@ -208,12 +209,54 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
         (with_(scheduler={"headroom_budget": 2}), "scheduler.headroom_budget: must be <= 1.0"),
         (with_(providers=[{"name": "p", "base_url": "http://x", "anthropic_version": "1"}]),
          "providers[0].anthropic_version: only applies to kind anthropic"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "tgi"}]),
+         "providers[0].engine: must be one of vllm, sglang, llama.cpp"),
+        (with_(providers=[{"name": "p", "kind": "anthropic", "engine": "vllm"}]),
+         "providers[0].engine: only applies to kind openai"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "llama.cpp",
+                           "priority": True}]),
+         "providers[0].priority: only applies to engine vllm or sglang"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "read_every_s": 1}]),
+         "providers[0].read_every_s: only applies with an engine"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "vllm",
+                           "read_every_s": 0}]),
+         "providers[0].read_every_s: must be a positive number"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "max_concurrency": True}]),
+         "providers[0].max_concurrency: must be a positive integer or auto"),
+        (with_(providers=[{"name": "p", "base_url": "http://x"}],
+               models={"m": [{"provider": "p", "model": "x", "priority": {"low": 1}}]}),
+         "models.m[0].priority: provider 'p' is not sent priority"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "vllm",
+                           "priority": False}],
+               models={"m": [{"provider": "p", "model": "x", "priority": {"low": 1}}]}),
+         "models.m[0].priority: provider 'p' is not sent priority"),
+        (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "vllm"}],
+               models={"m": [{"provider": "p", "model": "x", "priority": {"low": "1"}}]}),
+         "models.m[0].priority.low: must be a whole number"),
     ],
 )
 def test_invalid_configs_name_the_yaml_path(data: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data, {})
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_an_engine_learns_its_limit_unless_a_number_caps_it() -> None:
+    def provider(**settings: object) -> Provider:
+        config = parse_config(with_(providers=[{"name": "p", "base_url": "http://x/v1",
+                                                **settings}],
+                                    models={"m": [{"provider": "p", "model": "x"}]}), {})
+        return config.providers["p"]
+
+    learned = provider(engine="vllm")
+    assert (learned.auto, learned.max_concurrency, learned.priority_order) == (True, 1024,
+                                                                               "lower")
+    capped = provider(engine="sglang", max_concurrency=6)
+    assert (capped.auto, capped.max_concurrency, capped.priority_order) == (False, 6, "higher")
+    assert provider(engine="llama.cpp").priority_order is None
+    assert provider(engine="vllm", priority=False).priority_order is None
+    latency = provider(max_concurrency="auto")
+    assert (latency.auto, latency.engine, latency.max_concurrency) == (True, None, 1024)
 
 
 def test_unwritten_tier_weights_halve_down_the_list_and_zero_is_background() -> None:

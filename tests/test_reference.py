@@ -112,6 +112,8 @@ FULL: dict[str, Any] = {
          "api_key": "az", "api_version": "2024-10-21"},
         {"name": "claude", "kind": "anthropic", "base_url": "https://api.anthropic.com",
          "api_key": "sk-ant", "anthropic_version": "2023-06-01"},
+        {"name": "gpu", "kind": "openai", "base_url": "http://10.0.0.5:8000/v1",
+         "engine": "vllm", "max_concurrency": "auto", "priority": True, "read_every_s": 0.5},
         {"name": "sim", "kind": "simulated", "simulate": {
             "ttft_s": 0.1, "tokens_per_s": 10, "prefill_tokens_per_s": 1000,
             "default_output_tokens": 8, "max_output_tokens": 16, "error_rate": 0.1,
@@ -132,6 +134,7 @@ FULL: dict[str, Any] = {
                  "service_tier": {"critical": "priority", "low": "flex"},
                  "costs": {"flex": {"input": 0.5, "output": 1}}},
                 {"provider": "sim", "model": "small"},
+                {"provider": "gpu", "model": "llama", "priority": {"critical": 0, "low": 9}},
             ],
         },
         "chain": [{"provider": "azure", "model": "gpt"}],

@@ -17,6 +17,7 @@ from ..core.call.route import (
     SemanticSettings,
 )
 from ..core.health.breaker import BreakerSettings
+from ..core.health.engines import ENGINES
 from ..core.health.provider import Provider, SimSettings, Timeouts
 from .egress import egress_for, environment_proxies
 from .policy import tier_index
@@ -27,6 +28,7 @@ ANTHROPIC_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API's version header, unless configured
 FORWARDED_SERVICE_TIERS = ("openai",)
 PROVIDER_TIERS = ("auto", "default", "flex", "priority", "scale")  # OpenAI's service_tier
+AUTO_CAP = 1024  # max_concurrency: auto without a number: learned up to this
 
 
 def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider], set[str]]:
@@ -40,7 +42,23 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
             fail(f"{path}.name", f"duplicate provider {name!r}")
         kind = node.choice("kind", PROVIDER_KINDS, "openai")
         declared.add(name)
-        max_concurrency = node.integer("max_concurrency", 10, minimum=1)
+        engine = node.optional_string("engine")
+        if engine is not None and engine not in ENGINES:
+            fail(f"{path}.engine", f"must be one of {', '.join(ENGINES)}")
+        if engine is not None and kind != "openai":
+            fail(f"{path}.engine", "only applies to kind openai (a server speaking OpenAI's API)")
+        raw_limit = node.raw("max_concurrency")
+        if raw_limit != "auto" and raw_limit is not None and (
+                isinstance(raw_limit, bool) or not isinstance(raw_limit, int) or raw_limit < 1):
+            fail(f"{path}.max_concurrency", "must be a positive integer or auto")
+        auto = raw_limit == "auto" or (engine is not None and raw_limit is None)
+        max_concurrency = AUTO_CAP if auto else node.integer("max_concurrency", 10, minimum=1)
+        priority = node.boolean("priority", True)
+        if node.has("priority") and engine not in ("vllm", "sglang"):
+            fail(f"{path}.priority", "only applies to engine vllm or sglang")
+        read_every_s = node.number("read_every_s", 1.0, positive=True, maximum=60.0)
+        if node.has("read_every_s") and engine is None:
+            fail(f"{path}.read_every_s", "only applies with an engine")
         timeouts_node = node.node("timeouts")
         timeouts = Timeouts(
             connect_s=timeouts_node.number("connect_s", 10.0, positive=True),
@@ -55,6 +73,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
             "timeouts": timeouts, "breaker": breaker,
             "rpm": node.optional_integer("rpm", minimum=1),
             "tpm": node.optional_integer("tpm", minimum=1),
+            "engine": engine, "auto": auto, "priority": priority, "read_every_s": read_every_s,
         }
         if kind == "simulated":
             sim = _simulate(node.node("simulate"))
@@ -252,6 +271,7 @@ def _candidates(
                                         minimum=1),
             service_tiers=_service_tiers(c, names),
             tier_costs=_tier_costs(c),
+            priorities=_priorities(c, names),
         )
         c.check_unknown()
         if provider not in providers:
@@ -261,6 +281,9 @@ def _candidates(
         if deployment.service_tiers and not providers[provider].accepts_service_tier:
             fail(f"{item_path}.service_tier", f"provider {safe_repr(provider)} is not sent "
                  "service_tier (set its accepts_service_tier: true)")
+        if deployment.priorities and providers[provider].priority_order is None:
+            fail(f"{item_path}.priority", f"provider {safe_repr(provider)} is not sent "
+                 "priority (its engine must be vllm or sglang, with priority on)")
         if any(d.id == deployment.id for d in result):
             fail(item_path, f"duplicate deployment {deployment.id!r}")
         result.append(deployment)
@@ -276,6 +299,18 @@ def _service_tiers(node: Node, names: tuple[str, ...]) -> tuple[tuple[str, str],
         if value not in PROVIDER_TIERS:
             fail(path, f"must be one of {', '.join(PROVIDER_TIERS)}")
         found.append((name, str(value)))
+    return tuple(found)
+
+
+def _priorities(node: Node, names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """``priority: {critical: 0, low: 10}``: proxy tier → the server's priority number."""
+    found = []
+    for tier, value in node.mapping("priority").items():
+        path = f"{node.sub('priority')}.{tier}"
+        name = names[tier_index(tier, names, path)]
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2**31 - 1:
+            fail(path, "must be a whole number (a 32-bit integer)")
+        found.append((name, value))
     return tuple(found)
 
 

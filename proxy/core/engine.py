@@ -109,6 +109,8 @@ class Engine:
             scheduler, {name: p.max_concurrency for name, p in providers.items()},
             {d.id: d.provider for d in deployments}, tier_map, now)
         self.fleet.reconfigure(self.providers, deployments, principals, retry.budget)
+        for name in providers:
+            self.fleet.settle_ceiling(name, now)
         self.settings, self.classify, self.models = scheduler, classify, models
         self.retry, self.estimate = retry, estimate
         self._output_caps = self._caps(models)
@@ -188,6 +190,7 @@ class Engine:
                 inflight=self.scheduler.inflight(deployment.provider),
                 limit=self.scheduler.capacity(deployment.provider),
                 ttft_s=self.latency.expect_ttft_s(deployment.id),
+                self_hosted=deployment.provider in self.fleet.engines,
             )
         return stats
 

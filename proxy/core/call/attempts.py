@@ -246,6 +246,8 @@ class Attempts:
                     self.service_tier = result.service_tier[:64]  # what is priced
                 self.engine.learn(self.plan, deployment, usage, result.ttft_s,
                                   now - self._started)
+                self.engine.fleet.answered(deployment.provider, now - self._started,
+                                           usage.completion_tokens, now)
             self._reconcile_key(usage.total if succeeded else self.plan.tokens, now)
             return Done()
         if verdict is THROTTLED:

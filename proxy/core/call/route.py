@@ -42,6 +42,9 @@ class Deployment:
     # name, provider tier), and the provider tiers' own prices (tier, input, output).
     service_tiers: tuple[tuple[str, str], ...] = ()
     tier_costs: tuple[tuple[str, float, float], ...] = ()
+    # The ``priority`` a self-hosted server is sent for a call of each proxy tier (proxy
+    # tier name, number), where the candidate says; otherwise derived from the tier order.
+    priorities: tuple[tuple[str, int], ...] = ()
     # ``provider/model``: names the deployment in metrics, breakers and headers.
     id: str = field(init=False, compare=False)
 
@@ -54,6 +57,16 @@ class Deployment:
             if name == tier:
                 return provider_tier
         return None
+
+    def priority(self, tier: str, index: int, tiers: int, order: str) -> int:
+        """The ``priority`` a call of proxy tier ``tier`` (``index`` of ``tiers``, most
+        urgent first) is sent with, to a server that runs ``order`` ("lower" or
+        "higher") numbers first: the candidate's own number for the tier, else the tier's
+        place (vLLM: 0 for the most urgent; SGLang: the most urgent gets the highest)."""
+        for name, number in self.priorities:
+            if name == tier:
+                return number
+        return index if order == "lower" else tiers - 1 - index
 
     def cost(self, prompt_tokens: int, output_tokens: int,
              service_tier: str | None = None) -> float:
@@ -144,6 +157,7 @@ class DeploymentStats:
     inflight: int
     limit: int
     ttft_s: float | None
+    self_hosted: bool = False  # a server whose own figures set ``limit`` (``engine``)
 
 
 # A deployment the lead has no stats for is treated as idle and available: unknown is not sick.
@@ -160,14 +174,15 @@ def rank(
 ) -> list[Deployment]:
     """The usable deployments for this call, best first.
 
-    Order by the tier's strategy (ties keep the configured order); keep those within the
-    tier's ``max_cost`` (if none is, keep the single cheapest, so a tight ``max_cost`` degrades
-    the call rather than refusing it); then drop the unavailable ones. An empty list means every
+    Order by the tier's strategy (ties keep the configured order), the emptiest first among
+    neighbouring self-hosted candidates of equal standing (``_emptiest_first``); keep those
+    within the tier's ``max_cost`` (if none is, keep the single cheapest, so a tight
+    ``max_cost`` degrades the call rather than refusing it); then drop the unavailable ones. An empty list means every
     deployment the policy allows is unavailable.
     """
-    ordered = _order(
+    ordered = _emptiest_first(_order(
         route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens,
-        tier)
+        tier), stats)
     max_cost = route.max_cost.get(tier)
     if max_cost is not None:
         def price(d: Deployment) -> float:
@@ -202,6 +217,31 @@ def _order(
         # Unmeasured first: one call measures it, otherwise it would never get traffic.
         return sorted(candidates, key=lambda d: _latency(stats.get(d.id, _NO_STATS)))
     raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def _emptiest_first(ordered: list[Deployment],
+                    stats: Mapping[str, DeploymentStats]) -> list[Deployment]:
+    """Neighbours in ``ordered`` on self-hosted servers, of equal standing (prices and
+    quality), sorted by the slots free on their servers by the servers' own figures, most
+    first (ties keep their order): load goes where there is room, not in turn."""
+    def free(deployment: Deployment) -> int:
+        found = stats.get(deployment.id, _NO_STATS)
+        return found.limit - found.inflight
+
+    def standing(deployment: Deployment) -> tuple[float, float, float] | None:
+        if not stats.get(deployment.id, _NO_STATS).self_hosted:
+            return None
+        return deployment.input_cost, deployment.output_cost, deployment.quality
+
+    start = 0
+    while start < len(ordered):
+        end, own = start + 1, standing(ordered[start])
+        while own is not None and end < len(ordered) and standing(ordered[end]) == own:
+            end += 1
+        if end - start > 1:
+            ordered[start:end] = sorted(ordered[start:end], key=lambda d: -free(d))
+        start = end
+    return ordered
 
 
 def _utilisation(stats: DeploymentStats) -> float:

@@ -13,11 +13,16 @@
   provider until it refills. A key's own buckets work the same way, taken when its call
   is admitted.
 - A retry allowance per provider keeps re-tries within a fraction of first attempts.
+- A self-hosted server's own figures (``engines``) put a ceiling on its calls; where it
+  cannot be read and its limit is learned (``max_concurrency: auto``), the latency its
+  answers show does (``gradient``). A server that refuses the ``priority`` field is not
+  sent it again (``priority_refused``).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -27,6 +32,8 @@ from ..call.retry import RetryAllowance
 from ..call.route import Deployment
 from ..scheduling.scheduler import Scheduler
 from .breaker import CLOSED, OPEN, Breaker, BreakerState
+from .engines import EngineView, Figures
+from .gradient import LatencyLimit
 from .limits import RateLimits
 from .provider import Provider
 
@@ -36,6 +43,11 @@ from .provider import Provider
 THROTTLE_DEFAULT_S = 1.0
 THROTTLE_MIN_S = 0.05
 THROTTLE_MAX_S = 60.0
+# A server's figures count as full once older than this many reads (at least GRACE_MIN_S),
+# and the server as unreadable (its limit falls back) once not read for UNREADABLE_S.
+GRACE_READS = 3
+GRACE_MIN_S = 2.0
+UNREADABLE_S = 15.0
 
 TransitionHook = Callable[[Deployment, BreakerState, BreakerState], None]
 
@@ -97,6 +109,9 @@ class Fleet:
         self.provider_rates: dict[str, RateLimits] = {}
         self.key_rates: dict[str, RateLimits] = {}
         self._throttles: dict[str, int] = {}
+        self.engines: dict[str, EngineView] = {}
+        self.latency: dict[str, LatencyLimit] = {}
+        self.priority_refused: set[str] = set()
         self.reconfigure(providers, deployments, principals, retry_ratio)
 
     def reconfigure(self, providers: Mapping[str, Provider], deployments: Iterable[Deployment],
@@ -118,6 +133,7 @@ class Fleet:
             allowance = self.retry_allowances.setdefault(name, RetryAllowance(ratio=retry_ratio))
             allowance.ratio = retry_ratio
             self._keep_rates(self.provider_rates, name, provider.rpm, provider.tpm)
+            self._keep_learners(name, provider)
         for principal in principals:
             if principal.rpm is not None or principal.tpm is not None:
                 self._keep_rates(self.key_rates, principal.name, principal.rpm,
@@ -131,6 +147,23 @@ class Fleet:
         found = buckets.get(name)
         if found is None or found.rates != (rpm, tpm):
             buckets[name] = RateLimits(rpm, tpm)
+
+    def _keep_learners(self, name: str, provider: Provider) -> None:
+        """The provider's engine view and latency limit, kept across reloads while it
+        keeps its engine and its cap."""
+        if provider.engine is None:
+            self.engines.pop(name, None)
+        elif name not in self.engines:
+            grace = max(GRACE_READS * provider.read_every_s, GRACE_MIN_S)
+            self.engines[name] = EngineView(grace, max(grace, UNREADABLE_S))
+            self._scheduler.lower_ceiling(name, 0, "engine")  # full until first read
+        found = self.latency.get(name)
+        if not provider.auto:
+            self.latency.pop(name, None)
+        elif found is None or found.cap != provider.max_concurrency:
+            found = self.latency[name] = LatencyLimit(provider.max_concurrency)
+            if provider.engine is None:
+                self._scheduler.lower_ceiling(name, found.limit, "latency")
 
     def down(self, deployment: str, now: float) -> bool:
         """The deployment's breaker is open (half-open counts as up: probes may go)."""
@@ -229,6 +262,50 @@ class Fleet:
         shortest = THROTTLE_MIN_S * 2.0 ** min(streak - 1, 30)
         pause = THROTTLE_DEFAULT_S if retry_after_s is None else retry_after_s
         self._scheduler.pause(deployment.id, now + min(max(pause, shortest), THROTTLE_MAX_S), now)
+
+    # --- self-hosted servers ------------------------------------------------------------
+
+    def engine_read(self, provider: str, figures: Figures, now: float) -> None:
+        """Fresh figures from the provider's server."""
+        view = self.engines.get(provider)
+        if view is not None:
+            view.read(figures, self._scheduler.inflight(provider), now)
+            self.settle_ceiling(provider, now)
+
+    def engine_failed(self, provider: str, reason: str, now: float) -> None:
+        view = self.engines.get(provider)
+        if view is not None:
+            view.failed(reason, now)
+            self.settle_ceiling(provider, now)
+
+    def answered(self, provider: str, seconds: float, tokens: int, now: float) -> None:
+        """A call there was answered in ``seconds`` with ``tokens`` of output: a latency
+        sample for a learned limit."""
+        latency = self.latency.get(provider)
+        if latency is not None:
+            latency.sample(seconds, tokens, self._scheduler.inflight(provider))
+            self.settle_ceiling(provider, now)
+
+    def settle_ceiling(self, provider: str, now: float) -> None:
+        """The provider's ceiling at ``now``: its server's figures while they can be read,
+        else its latency-learned limit, else none (configured and 429s alone)."""
+        view = self.engines.get(provider)
+        ceiling = None if view is None else view.ceiling(now)
+        if ceiling is not None:
+            self._scheduler.set_ceiling(provider, ceiling, "engine", now)
+            return
+        latency = self.latency.get(provider)
+        if latency is not None:
+            self._scheduler.set_ceiling(provider, latency.limit, "latency", now)
+        else:
+            self._scheduler.set_ceiling(provider, math.inf, "engine", now)
+
+    def refuse_priority(self, provider: str) -> bool:
+        """The provider's server refused the ``priority`` field: not sent there again.
+        True the first time (to say so once)."""
+        first = provider not in self.priority_refused
+        self.priority_refused.add(provider)
+        return first
 
     def observe_quota(self, provider: str, headers: Mapping[str, str], now: float) -> None:
         """Pause a provider that reports its quota spent, before it starts answering 429."""

@@ -62,3 +62,18 @@ class Provider:
     sim: SimSettings | None = None  # the built-in simulated upstream (kind simulated)
     timing: SimSettings | None = None  # the simulator's timing model (any kind)
     egress: EgressProxy | None = None  # None: the provider is reached directly
+    # A self-hosted server the proxy reads (vllm, sglang, llama.cpp; None: not read), and
+    # whether its limit is learned (``max_concurrency: auto``): from the server's figures
+    # where it is read, else from latency. ``max_concurrency`` is then only a cap.
+    engine: str | None = None
+    auto: bool = False
+    priority: bool = True  # send the call's tier as ``priority`` (engines vllm and sglang)
+    read_every_s: float = 1.0  # how often a server's figures are read
+
+    @property
+    def priority_order(self) -> str | None:
+        """How the server orders by ``priority`` ("lower" or "higher" first), None where
+        the field is not sent."""
+        if not self.priority:
+            return None
+        return {"vllm": "lower", "sglang": "higher"}.get(self.engine or "")

@@ -1,7 +1,9 @@
 """What each provider can take right now: slots per pool, gates per deployment.
 
 A *pool* is one provider's slots: ``limit`` calls at once, an effective limit that adapts
-between 1 and ``max_concurrency``. A 429 cuts it to the concurrency the provider was
+between 1 and ``max_concurrency``, and is at most a *ceiling* set from outside (a
+self-hosted server's own figures, or the latency an upstream shows: ``limit_source`` says
+which of these holds the limit now). A 429 cuts it to the concurrency the provider was
 actually seen to bear (the calls still in flight when it refused one), by at most half;
 every ``GROW_EVERY_S`` without a 429 it grows back by one (an eighth of itself when
 that is more), so a provider whose real limit is lower than configured is used right up
@@ -39,12 +41,36 @@ class Pool:
     paused_until: float = -math.inf
     running: list[int] = field(default_factory=list)  # calls in flight, per tier
     deployments: list[Gate] = field(default_factory=list)
+    adaptive: int = 0  # the limit 429s leave (1 to max_concurrency)
+    ceiling: float = math.inf  # what a server's figures or its latency allow (0: nothing)
+    ceiling_source: str = "engine"  # "engine" or "latency"
     _grow_at: float = math.inf
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 0:
             raise ValueError("max_concurrency must not be negative")
-        self.limit = self.max_concurrency
+        self.adaptive = self.limit = self.max_concurrency
+
+    @property
+    def limit_source(self) -> str:
+        """What holds the limit now: ``configured``, ``429``, ``engine`` or ``latency``."""
+        if self.ceiling < self.adaptive:
+            return self.ceiling_source
+        return "429" if self.adaptive < self.max_concurrency else "configured"
+
+    def set_ceiling(self, ceiling: float, source: str, now: float) -> None:
+        """At most ``ceiling`` calls at once from now (``math.inf``: no ceiling), by what
+        ``source`` says; calls running above it keep their slots."""
+        if not ceiling >= 0:
+            raise ValueError("a ceiling must not be negative")
+        self._grow(now)
+        self.ceiling, self.ceiling_source = ceiling, source
+        self.settle()
+
+    def settle(self) -> None:
+        """``limit`` from the adaptive limit and the ceiling."""
+        ceiling = self.ceiling
+        self.limit = self.adaptive if ceiling >= self.adaptive else int(ceiling)
 
     def free(self, now: float) -> int:
         """Slots that may be handed out at ``now``."""
@@ -61,28 +87,31 @@ class Pool:
         from calls already in flight walks it down to the concurrency that is real).
         Growth starts over: the probe above the real limit failed."""
         self._grow(now)
-        self.limit = max(min(1, self.limit),
-                         min(self.limit, max(-(-self.limit // 2), bore)))
-        self._grow_at = now + GROW_EVERY_S if self.limit < self.max_concurrency else math.inf
+        adaptive = self.adaptive
+        self.adaptive = max(min(1, adaptive), min(adaptive, max(-(-adaptive // 2), bore)))
+        self._grow_at = now + GROW_EVERY_S if self.adaptive < self.max_concurrency else math.inf
+        self.settle()
 
     def set_max(self, max_concurrency: int, now: float) -> None:
         """A new configured maximum: the limit follows it unless a 429 cut it, in which
         case it keeps growing back, now towards the new maximum."""
         self._grow(now)
-        was_full = self.limit >= self.max_concurrency
+        was_full = self.adaptive >= self.max_concurrency
         self.max_concurrency = max_concurrency
         if was_full:
-            self.limit = max_concurrency
-        self.limit = min(max(self.limit, 1 if max_concurrency else 0), max_concurrency)
-        if self.limit >= max_concurrency:
+            self.adaptive = max_concurrency
+        self.adaptive = min(max(self.adaptive, 1 if max_concurrency else 0), max_concurrency)
+        if self.adaptive >= max_concurrency:
             self._grow_at = math.inf
         elif not math.isfinite(self._grow_at):
             self._grow_at = now + GROW_EVERY_S
+        self.settle()
 
     def snapshot(self, now: float) -> dict[str, object]:
         return {
             "inflight": self.inflight,
             "limit": self.limit,
+            "limit_source": self.limit_source,
             "max_concurrency": self.max_concurrency,
             "paused_for_s": round(max(0.0, self.paused_until - now), 3),
             "running_by_tier": list(self.running),
@@ -103,10 +132,13 @@ class Pool:
         return self._grow_at
 
     def _grow(self, now: float) -> None:
+        if now < self._grow_at:
+            return
         while now >= self._grow_at:
-            self.limit = min(self.limit + max(1, self.limit // 8), self.max_concurrency)
+            self.adaptive = min(self.adaptive + max(1, self.adaptive // 8), self.max_concurrency)
             self._grow_at = (self._grow_at + GROW_EVERY_S
-                             if self.limit < self.max_concurrency else math.inf)
+                             if self.adaptive < self.max_concurrency else math.inf)
+        self.settle()
 
 
 @dataclass

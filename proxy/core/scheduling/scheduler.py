@@ -274,6 +274,27 @@ class Scheduler:
         running above a lowered limit keep their slots until released."""
         self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
+    def set_ceiling(self, pool: str, ceiling: float, source: str, now: float) -> None:
+        """At most ``ceiling`` of the provider's calls at once (``math.inf``: none), by a
+        self-hosted server's own figures (``source`` "engine") or its latency ("latency");
+        calls running above it keep their slots until released."""
+        found = self._pools[self._capacity.known_pool(pool)]
+        if found.ceiling != ceiling or found.ceiling_source != source:
+            found.set_ceiling(ceiling, source, now)
+            self._fill(found, now)
+
+    def lower_ceiling(self, pool: str, ceiling: float, source: str) -> None:
+        """``set_ceiling`` for a ceiling no higher than the one in force (a provider just
+        configured): nothing is handed out, so no time is needed."""
+        found = self._pools[self._capacity.known_pool(pool)]
+        if ceiling < found.ceiling:
+            found.ceiling, found.ceiling_source = ceiling, source
+            found.settle()
+
+    def limit_source(self, pool: str) -> str:
+        """What holds the provider's limit now (``Pool.limit_source``)."""
+        return self._pools[self._capacity.known_pool(pool)].limit_source
+
     def cut(self, pool: str, now: float, bore: int) -> None:
         """A 429 while ``bore`` other calls ran there: the provider's limit comes down to
         that and grows back by itself (``Pool.cut``); the headroom's allowance with it."""

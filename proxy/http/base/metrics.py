@@ -130,6 +130,19 @@ class Metrics:
             "proxy_upstream_limit", "Effective concurrency limit, by provider.",
             ["provider"], registry=r,
         ))
+        self.limit_source = Family(Gauge(
+            "proxy_upstream_limit_source", "What holds each provider's limit now (1 for the "
+            "source in force: configured, 429, engine, latency).", ["provider", "source"],
+            registry=r,
+        ))
+        self.engine_readable = Family(Gauge(
+            "proxy_engine_readable", "A self-hosted server's own figures can be read (1) or "
+            "not (0: its limit fell back), by provider.", ["provider"], registry=r,
+        ))
+        self.engine_waiting = Family(Gauge(
+            "proxy_engine_waiting", "Calls waiting in a self-hosted server's own queue, as it "
+            "last said, by provider.", ["provider"], registry=r,
+        ))
         self.attempts = Family(ChildCounter(
             "proxy_upstream_attempts", "Upstream attempts, by provider and outcome.",
             ["provider", "outcome"], registry=r,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -78,6 +79,8 @@ from .replicas import Replicas
 from .semantic_cache import Pending, SemanticCache
 from .tracing import TRACE
 
+log = logging.getLogger(__name__)
+
 # The client's headers an upstream of each wire gets (a provider's anthropic-version is its
 # own: configured, never the client's).
 FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
@@ -120,6 +123,8 @@ class Forwarder:
         self._metrics = metrics
         self._upstreams = upstreams  # a reload changes the mapping in place
         self._hits = CacheHits(cache, metrics, clock)
+        # Told the provider of every answered attempt (a self-hosted server is read again).
+        self.answered: Callable[[str], None] = _nothing
         self.reconfigure(auth, limits)
 
     def reconfigure(self, auth: Authenticator, limits: Limits) -> None:
@@ -344,6 +349,7 @@ class Forwarder:
         predicted = attempts.ticket.est_service_s if attempts.ticket else 0.0
         now = clock.now()
         command = attempts.finished(result, now)
+        self.answered(deployment.provider)
         self._replicas.end_attempt(deployment, attempts.tokens(deployment), attempts.used,
                                    exchange.lease, result.verdict)
         exchange.lease = None
@@ -393,6 +399,8 @@ class Forwarder:
             if call.stream and (direction is not None or _strips_usage(call)):
                 body["stream_options"] = {**(body.get("stream_options") or {}),
                                           "include_usage": True}
+            if provider.priority_order is not None:
+                self._prioritise(body, exchange, deployment, provider.priority_order)
         # x-request-id only if the client sent one: some servers refuse one not a UUID.
         forwarded = {"x-client-request-id": request[REQUEST_ID]}
         if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
@@ -405,6 +413,29 @@ class Forwarder:
             trace.attempt(deployment, provider.kind, forwarded)
         return UpstreamRequest(path=path, body=orjson.dumps(body), model=deployment.model,
                                stream=call.stream, headers=forwarded)
+
+    def _prioritise(self, body: dict[str, object], exchange: Exchange,
+                    deployment: Deployment, order: str) -> None:
+        """The call's tier as ``priority``, for a server that schedules by it (unless it
+        refused the field: then none, the client's own included)."""
+        if deployment.provider in self._engine.fleet.priority_refused:
+            body.pop("priority", None)
+            return
+        index, name = self._tier(exchange)
+        body["priority"] = deployment.priority(name, index, len(self._engine.tier_names), order)
+
+    def _refused_priority(self, deployment: Deployment, status: int, data: bytes) -> bool:
+        """A 400 about the ``priority`` the proxy sent: the server schedules without it
+        (started without priority scheduling). It is not sent there again."""
+        provider = self._engine.providers[deployment.provider]
+        if (status != 400 or provider.priority_order is None
+                or b"priority" not in data.lower()):
+            return False
+        if self._engine.fleet.refuse_priority(deployment.provider):
+            log.warning("provider %s refused the priority field (%s): sending its calls "
+                        "without it from now", deployment.provider,
+                        data[:200].decode("utf-8", "replace"))
+        return True
 
     async def _send(self, exchange: Exchange, endpoint: Endpoint,
                     deployment: Deployment) -> Result:
@@ -434,6 +465,8 @@ class Forwarder:
                 headers["x-proxy-cache"] = "miss"
             if not call.stream or status != 200:
                 data = await response.read()
+                if status == 400 and self._refused_priority(deployment, status, data):
+                    return Result(DECLINED, status=status)
                 if direction is not None:
                     data = translate.answer(direction, data, status, call.prompt_tokens,
                                             request[REQUEST_ID])
@@ -520,6 +553,10 @@ class Forwarder:
         exchange.failure = web.Response(body=body, status=status, headers=headers)
         return Result(OVERLOADED if status == OVERLOADED_STATUS else FAILURE, status=status,
                       retry_after_s=retry_after)
+
+
+def _nothing(provider: str) -> None:
+    """No one listens for answers."""
 
 
 def _strips_usage(call: Call) -> bool:

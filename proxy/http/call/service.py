@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import logging
 import random
 import secrets
 import zoneinfo
@@ -20,10 +21,12 @@ from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
 from ...core.engine import Engine
 from ...core.health.breaker import BreakerState
+from ...core.health.engines import Figures
 from ...core.scheduling.schedules import Schedule, active, next_change
 from ...state.base import State, open_state
 from ..base.live import LiveStats
 from ..base.metrics import Metrics
+from ..upstream.engines import Readers
 from ..upstream.upstream import Upstream
 from .admission import Admission
 from .auth import Authenticator
@@ -35,6 +38,9 @@ from .replicas import Replicas
 from .semantic_cache import SemanticCache
 from .tracing import Tracing
 
+log = logging.getLogger(__name__)
+
+LIMIT_SOURCES = ("configured", "429", "engine", "latency")
 BREAKER_GAUGE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
@@ -99,6 +105,10 @@ class Service:
             replicas=Replicas(self.shared, self.engine, self.metrics, clock),
             homes=Homes(self.engine, self.shared.answers), metrics=self.metrics,
             upstreams=self.upstreams)
+        # Self-hosted servers' own figures, read on timers once started.
+        self.readers = Readers(self._engine_read, self._engine_failed)
+        self.readers.configure(config.providers)
+        self.forwarder.answered = self.readers.nudge
         self._configure_shared()
         self._schedule_timer: asyncio.TimerHandle | None = None
         self.schedule: Schedule | None = None
@@ -109,6 +119,21 @@ class Service:
         self.on_mode(self.shared.mode, 1)
         await self.shared.start(self)
         self.semantic.share(self.shared)
+        self.readers.start()
+
+    def _engine_read(self, provider: str, figures: Figures) -> None:
+        self.engine.fleet.engine_read(provider, figures, self.clock.now())
+        self.admission.act_on_decisions()
+
+    def _engine_failed(self, provider: str, reason: str) -> None:
+        fleet, now = self.engine.fleet, self.clock.now()
+        view = fleet.engines.get(provider)
+        was_readable = view is not None and view.readable(now)
+        fleet.engine_failed(provider, reason, now)
+        if was_readable and view is not None and not view.readable(now):
+            log.warning("provider %s: its server cannot be read (%s); its limit falls back "
+                        "to %s", provider, reason, self.scheduler.limit_source(provider))
+        self.admission.act_on_decisions()
 
     def _configure_shared(self) -> None:
         self.shared.configure(
@@ -140,6 +165,7 @@ class Service:
         """Gauges read from the scheduler, for the configured tiers and providers."""
         metrics, config, now = self.metrics, self.config, self.clock.now()
         for family in (metrics.queue_depth, metrics.inflight, metrics.limit,
+                       metrics.limit_source, metrics.engine_readable, metrics.engine_waiting,
                        metrics.budget_spent, metrics.budget_amount, metrics.cache_entries,
                        metrics.semantic_entries,
                        metrics.breaker_state):
@@ -177,6 +203,24 @@ class Service:
                 functools.partial(self.scheduler.inflight, name))
             metrics.limit.get(name).set_function(
                 functools.partial(self.scheduler.capacity, name))
+            for source in LIMIT_SOURCES:
+                metrics.limit_source.get(name, source).set_function(
+                    functools.partial(self._limit_from, name, source))
+            if name in self.engine.fleet.engines:
+                metrics.engine_readable.get(name).set_function(
+                    functools.partial(self._engine_figure, name, "readable"))
+                metrics.engine_waiting.get(name).set_function(
+                    functools.partial(self._engine_figure, name, "waiting"))
+
+    def _limit_from(self, provider: str, source: str) -> float:
+        return 1.0 if self.scheduler.limit_source(provider) == source else 0.0
+
+    def _engine_figure(self, provider: str, figure: str) -> float:
+        view = self.engine.fleet.engines.get(provider)
+        if view is None:
+            return 0.0
+        found = view.snapshot(self.clock.now()).get(figure)
+        return float(found) if isinstance(found, int | float) else 0.0
 
     def _retire(self, upstream: Upstream) -> None:
         """A replaced upstream is closed at once: its idle connections go now, and a call
@@ -231,6 +275,7 @@ class Service:
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
         self.semantic.configure(config.models)
+        self.readers.configure(config.providers)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._configure_shared()
         if self.shared.mode == "local" and self.shared.across_replicas:
@@ -298,6 +343,8 @@ class Service:
                     "kind": provider.kind,
                     "max_concurrency": provider.max_concurrency,
                     "limit": self.scheduler.capacity(name),
+                    "limit_source": self.scheduler.limit_source(name),
+                    **self._learned(name, provider, now),
                     "inflight": self.scheduler.inflight(name),
                     "paused_for_s": providers[name]["paused_for_s"],
                     "retry_budget": round(fleet.retry_allowances[name].available(now), 2),
@@ -313,10 +360,27 @@ class Service:
             "state": self.shared.status(),
         }
 
+    def _learned(self, name: str, provider: Provider, now: float) -> dict[str, object]:
+        """A self-hosted server's figures, a latency-learned limit, the priority sent."""
+        fleet = self.engine.fleet
+        shown: dict[str, object] = {}
+        view = fleet.engines.get(name)
+        if view is not None:
+            shown["engine"] = {"name": provider.engine, **view.snapshot(now)}
+        latency = fleet.latency.get(name)
+        if latency is not None:
+            shown["latency"] = latency.snapshot()
+        if provider.priority_order is not None:
+            shown["priority"] = ("refused by the server: not sent"
+                                 if name in fleet.priority_refused
+                                 else f"sent, {provider.priority_order} first")
+        return shown
+
     async def close(self) -> None:
         if self._schedule_timer is not None:
             self._schedule_timer.cancel()
         self.admission.close()
+        await self.readers.close()
         await self.shared.close()
         await self.semantic.close()
         for upstream in self.upstreams.values():

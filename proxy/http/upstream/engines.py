@@ -1,0 +1,236 @@
+"""Reading a self-hosted server's own figures: what it runs, what waits in its queue.
+
+- vLLM: ``/metrics`` (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc``, before v0.10 ``vllm:gpu_cache_usage_perc``), summed over
+  its engines (data parallel).
+- SGLang (``--enable-metrics``): ``/metrics`` (``sglang:num_running_reqs``,
+  ``sglang:num_queue_reqs``, ``sglang:token_usage``), of its first tensor/pipeline rank.
+- llama.cpp's ``llama-server``: ``/metrics`` with ``--metrics``
+  (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``), else ``/slots``
+  (its slots' ``is_processing``); its slot count from ``/props`` (``total_slots``).
+
+One reader per server: one read in flight, each bounded by a timeout, on a timer and soon
+after an answer (``nudge``), never on a call's path; the figures go to the fleet
+(``Fleet.engine_read``), a failure too (``Fleet.engine_failed``): the core decides what
+they are worth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from ...core.health.engines import Figures
+from ...core.health.provider import Provider
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 2.0  # one read's bound (at most the read interval)
+NUDGE_GAP_S = 0.1  # after an answer, a read at most this often
+PROPS_EVERY = 30  # llama.cpp: its slot count read again every this many reads
+
+# engine -> (running, waiting, KV use) metric names, first found wins for KV use.
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting",
+             ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",)),
+    "llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred",
+                  ("llamacpp:kv_cache_usage_ratio",)),
+}
+
+
+class Unreadable(Exception):
+    """The server's figures could not be had (the message says why)."""
+
+
+def server_root(base_url: str) -> str:
+    """Where a server's own endpoints are: its base URL without a trailing ``/v1``."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def parse_metrics(engine: str, text: str) -> Figures:
+    """Figures from a Prometheus text page; Unreadable without the running and waiting
+    gauges."""
+    running_name, waiting_name, kv_names = METRICS[engine]
+    wanted = {running_name, waiting_name, *kv_names}
+    # Only the lines of the wanted gauges are parsed (a vLLM page holds many histograms).
+    lines = [line for line in text.splitlines()
+             if line.startswith(tuple(wanted)) or (line.startswith("# TYPE ") and any(
+                 line[7:].startswith(name + " ") for name in wanted))]
+    sums: dict[str, float] = {}  # running and waiting: summed over engines
+    kv: float | None = None  # KV use: a fraction per engine, the fullest counts
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            if sample.name not in wanted or not math.isfinite(sample.value):
+                continue
+            labels = sample.labels
+            if labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0":
+                continue  # SGLang: every rank reports the same scheduler
+            if sample.name in kv_names:
+                if kv is None or sample.name == kv_names[0]:
+                    kv = sample.value if kv is None else max(kv, sample.value)
+                continue
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    if running_name not in sums or waiting_name not in sums:
+        raise Unreadable(f"/metrics has no {running_name} and {waiting_name}")
+    return Figures(running=round(sums[running_name]), waiting=round(sums[waiting_name]),
+                   kv_use=None if kv is None else min(max(kv, 0.0), 1.0))
+
+
+def parse_slots(data: bytes) -> tuple[int, int]:
+    """(slots, slots processing) from llama.cpp's ``/slots``."""
+    slots = orjson.loads(data)
+    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+        raise Unreadable("/slots is not a list of slots")
+    return len(slots), sum(1 for s in slots if s.get("is_processing") is True)
+
+
+def parse_props(data: bytes) -> int:
+    """llama.cpp's slot count from ``/props``."""
+    props = orjson.loads(data)
+    total = props.get("total_slots") if isinstance(props, dict) else None
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise Unreadable("/props has no total_slots")
+    return total
+
+
+class EngineReader:
+    """Reads one server on a timer and when nudged; hands each outcome to ``on_read`` /
+    ``on_failure``."""
+
+    def __init__(self, provider: Provider, session: aiohttp.ClientSession,
+                 on_read: Callable[[str, Figures], None],
+                 on_failure: Callable[[str, str], None]) -> None:
+        assert provider.engine is not None
+        self.provider = provider
+        self._engine = provider.engine
+        self._root = server_root(provider.base_url)
+        self._session = session
+        self._on_read, self._on_failure = on_read, on_failure
+        self._headers = ({"authorization": f"Bearer {provider.api_key}"}
+                         if provider.api_key else {})
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._slots: int | None = None
+        self._reads = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def nudge(self) -> None:
+        """An answer came from the server: read it again soon."""
+        self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        every = self.provider.read_every_s
+        timeout = min(READ_TIMEOUT_S, every)
+        name = self.provider.name
+        while True:
+            try:
+                figures = await asyncio.wait_for(self.read(), timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure is "unreadable", told
+                reason = str(exc) or type(exc).__name__
+                if isinstance(exc, TimeoutError):
+                    reason = f"no answer in {timeout:g} s"
+                self._on_failure(name, reason)
+            else:
+                self._on_read(name, figures)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), every)
+                await asyncio.sleep(NUDGE_GAP_S)
+
+    async def read(self) -> Figures:
+        engine = self._engine
+        if engine != "llama.cpp":
+            status, body = await self._get("/metrics")
+            if status != 200:
+                raise Unreadable(f"/metrics answered {status}")
+            return parse_metrics(engine, body.decode("utf-8", "replace"))
+        return await self._read_llama()
+
+    async def _read_llama(self) -> Figures:
+        self._reads += 1
+        if self._slots is None or self._reads % PROPS_EVERY == 0:
+            status, body = await self._get("/props")
+            if status == 200:
+                self._slots = parse_props(body)
+        status, body = await self._get("/metrics")
+        if status == 200:
+            found = parse_metrics("llama.cpp", body.decode("utf-8", "replace"))
+            return Figures(found.running, found.waiting, self._slots, found.kv_use)
+        status, body = await self._get("/slots")
+        if status != 200:
+            raise Unreadable("neither /metrics nor /slots answers (start llama-server with "
+                             "--metrics, or without --no-slots)")
+        slots, processing = parse_slots(body)
+        return Figures(processing, 0, self._slots or slots)
+
+    async def _get(self, path: str) -> tuple[int, bytes]:
+        async with self._session.get(self._root + path, headers=self._headers,
+                                     allow_redirects=False) as response:
+            return response.status, await response.read()
+
+
+class Readers:
+    """A reader per provider that names an ``engine``, kept in step with the config."""
+
+    def __init__(self, on_read: Callable[[str, Figures], None],
+                 on_failure: Callable[[str, str], None]) -> None:
+        self._on_read, self._on_failure = on_read, on_failure
+        self._readers: dict[str, EngineReader] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def configure(self, providers: Mapping[str, Provider]) -> None:
+        """Start readers for servers new or changed, stop those no longer configured.
+        Needs a running loop; before ``start`` it only remembers."""
+        self._providers = providers
+        if self._session is None:
+            return
+        for name in list(self._readers):
+            reader = self._readers[name]
+            if providers.get(name) != reader.provider:
+                del self._readers[name]
+                task = asyncio.get_running_loop().create_task(reader.close())
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+        for name, provider in providers.items():
+            if provider.engine is not None and name not in self._readers:
+                reader = self._readers[name] = EngineReader(
+                    provider, self._session, self._on_read, self._on_failure)
+                reader.start()
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S), trust_env=False)
+        self.configure(self._providers)
+
+    def nudge(self, name: str) -> None:
+        reader = self._readers.get(name)
+        if reader is not None:
+            reader.nudge()
+
+    async def close(self) -> None:
+        for reader in self._readers.values():
+            await reader.close()
+        self._readers.clear()
+        await asyncio.gather(*self._retiring)
+        if self._session is not None:
+            await self._session.close()
