@@ -177,8 +177,8 @@ def rank(
     Order by the tier's strategy (ties keep the configured order), the emptiest first among
     neighbouring self-hosted candidates of equal standing (``_emptiest_first``); keep those
     within the tier's ``max_cost`` (if none is, keep the single cheapest, so a tight
-    ``max_cost`` degrades the call rather than refusing it); then drop the unavailable ones. An empty list means every
-    deployment the policy allows is unavailable.
+    ``max_cost`` degrades the call rather than refusing it); then drop the unavailable ones.
+    An empty list means every deployment the policy allows is unavailable.
     """
     ordered = _emptiest_first(_order(
         route.strategy_for(tier), route.candidates, stats, rng, prompt_tokens, output_tokens,
