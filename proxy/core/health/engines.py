@@ -4,7 +4,8 @@ A server that queues calls inside (vLLM, SGLang, llama.cpp's ``llama-server``) n
 answers 429: past its capacity it takes calls into its own first-come queue, where tiers do
 not apply. The driver reads its figures (``Figures``) on a timer and after answers; an
 ``EngineView`` turns them into a *ceiling* on the proxy's calls there: the server's
-capacity less what runs and waits there on others' behalf (other replicas, other clients).
+capacity less what runs and waits there on others' behalf (other replicas, other clients:
+the most of the last ``OTHERS_READS`` reads).
 
 - Capacity is told where the server says it (llama.cpp's ``total_slots``), else learned:
   calls waiting inside mean it runs all it can (capacity = what runs); nothing waiting
@@ -21,6 +22,7 @@ Pure: told the time, never does I/O.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from ..value import value
 
@@ -28,6 +30,8 @@ ENGINES = ("vllm", "sglang", "llama.cpp")
 KV_HIGH = 0.9  # at or above this KV-cache use, a server takes no more than it runs
 KV_LOW = 0.5  # below it, a learned capacity grows by half at a time
 START = 4  # a learned capacity before the first figures say more
+OTHERS_READS = 3  # others' calls: the most of this many reads (a call sent but not yet
+# arrived at the server would otherwise pass for one of the proxy's, and free a slot)
 REGROW_S = 10.0  # after calls were seen waiting inside, the capacity grows again no sooner
 
 
@@ -56,13 +60,18 @@ class EngineView:
         self.error: str | None = None  # why the last read failed (None: it did not)
         self._since: float | None = None  # first asked: unread since
         self._grow_at = -math.inf
+        self._others_seen: deque[int] = deque()
 
     def read(self, figures: Figures, inflight: int, now: float) -> None:
         """A fresh read, while ``inflight`` of the proxy's own calls were there."""
         running, waiting = max(figures.running, 0), max(figures.waiting, 0)
         self._seen(now)
         self.figures, self.read_at, self.error = figures, now, None
-        self.others = max(0, running + waiting - inflight)
+        seen = self._others_seen
+        seen.append(max(0, running + waiting - inflight))
+        if len(seen) > OTHERS_READS:
+            seen.popleft()
+        self.others = max(seen)
         if figures.slots is not None and figures.slots > 0:
             self.capacity = figures.slots
             return

@@ -117,7 +117,7 @@ class EngineReader:
         self._on_read, self._on_failure = on_read, on_failure
         self._headers = ({"authorization": f"Bearer {provider.api_key}"}
                          if provider.api_key else {})
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Future[bool] | None = None  # the pause between reads
         self._task: asyncio.Task[None] | None = None
         self._slots: int | None = None
         self._reads = 0
@@ -127,7 +127,8 @@ class EngineReader:
 
     def nudge(self) -> None:
         """An answer came from the server: read it again soon."""
-        self._wake.set()
+        if self._wake is not None:
+            _settle(self._wake, True)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -139,9 +140,11 @@ class EngineReader:
         every = self.provider.read_every_s
         timeout = min(READ_TIMEOUT_S, every)
         name = self.provider.name
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                figures = await asyncio.wait_for(self.read(), timeout)
+                async with asyncio.timeout(timeout):
+                    figures = await self.read()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure is "unreadable", told
@@ -151,9 +154,13 @@ class EngineReader:
                 self._on_failure(name, reason)
             else:
                 self._on_read(name, figures)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), every)
+            wake = self._wake = loop.create_future()
+            timer = loop.call_later(every, _settle, wake, False)
+            try:
+                nudged = await wake
+            finally:
+                timer.cancel()
+            if nudged:
                 await asyncio.sleep(NUDGE_GAP_S)
 
     async def read(self) -> Figures:
@@ -186,6 +193,11 @@ class EngineReader:
         async with self._session.get(self._root + path, headers=self._headers,
                                      allow_redirects=False) as response:
             return response.status, await response.read()
+
+
+def _settle(wake: asyncio.Future[bool], nudged: bool) -> None:
+    if not wake.done():
+        wake.set_result(nudged)
 
 
 class Readers:
