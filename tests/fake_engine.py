@@ -22,6 +22,7 @@ import asyncio
 import heapq
 import itertools
 from dataclasses import dataclass, field
+
 import orjson
 from aiohttp import web
 
