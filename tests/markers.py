@@ -58,6 +58,7 @@ MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "test_conformance": (("e2e",), "requests from OpenAI's spec against the real `serve`"),
     "test_langchain": (("e2e",), "langchain-openai against the real `serve`"),
     "test_llama_server": (("e2e",), "llama.cpp's servers and the real `serve` in subprocesses"),
+    "test_llama_engines": (("e2e",), "llama.cpp's llama-servers read by the real `serve`"),
     "test_soak": (("e2e", "redis"), "scripts/soak.py: three `serve` replicas, a private "
                                     "redis-server and fake providers, in subprocesses"),
 }

@@ -1,9 +1,9 @@
 """End to end against real OpenAI-compatible servers: llama.cpp's, on a tiny model.
 
-The servers live outside the project's environment, in ``.llama/`` at the repo root:
-``scripts/llama_setup`` builds llama-cpp-python's server there (``.ci/run`` does, about
-5 min), ``scripts/llama_setup --server`` llama.cpp's own ``llama-server`` too (about
-12 min). ``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
+The servers live outside the project's environment and the checkout, in
+``~/.cache/triage-proxy/llama`` (``TRIAGE_LLAMA_HOME`` names another), built once a machine:
+``scripts/llama_setup --server`` builds llama-cpp-python's server and llama.cpp's own
+``llama-server`` there (``.ci/run`` does, about 7 min on 2 cores the first time). ``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
 ``TRIAGE_LLAMA_SERVER`` name others. Whatever is missing is skipped, saying why. The
 model is written here (``tiny_gguf.py``): gibberish, 12 words a call, in milliseconds.
 
@@ -38,9 +38,10 @@ import pytest
 from .serving import serving
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_PYTHON = Path(os.environ.get("TRIAGE_LLAMA_PYTHON", ROOT / ".llama" / "bin" / "python"))
-LLAMA_SERVER = Path(os.environ.get("TRIAGE_LLAMA_SERVER",
-                                   ROOT / ".llama" / "bin" / "llama-server"))
+LLAMA_HOME = Path(os.environ.get("TRIAGE_LLAMA_HOME") or Path(
+    os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "triage-proxy" / "llama")
+LLAMA_PYTHON = Path(os.environ.get("TRIAGE_LLAMA_PYTHON", LLAMA_HOME / "bin" / "python"))
+LLAMA_SERVER = Path(os.environ.get("TRIAGE_LLAMA_SERVER", LLAMA_HOME / "bin" / "llama-server"))
 MAX_TOKENS = 12
 MESSAGES: list[Any] = [{"role": "user", "content": "Say hello"}]
 
@@ -83,7 +84,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def running(command: list[str], log: Path, base: str) -> Iterator[None]:
+def running(command: list[str], log: Path, base: str) -> Iterator[subprocess.Popen[bytes]]:
     """``command`` running, once ``base``/v1/models answers (both servers have it;
     llama-server says 503 while it loads); killed on the way out."""
     with log.open("w") as out:
@@ -95,7 +96,7 @@ def running(command: list[str], log: Path, base: str) -> Iterator[None]:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{command[0]} did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield
+        yield process
     finally:
         process.kill()
         process.wait(10)

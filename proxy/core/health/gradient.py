@@ -5,8 +5,8 @@ filter: each answered call is a sample of the upstream's latency per token (seco
 its output tokens plus ``OVERHEAD_TOKENS``, so short and long calls compare); a slow
 *baseline* follows the fastest the upstream has been lately, a fast *recent* figure
 follows what it is now. While recent stays within ``tolerance`` of the baseline the limit
-grows (by about its square root a sample); when it climbs, the limit shrinks by the ratio
-(at most by half a sample); smoothed, between 1 and the cap. A limit the proxy does not
+grows (towards itself plus its square root, a sample); when it climbs past, the limit
+shrinks by the ratio (towards at most half of itself); smoothed, between 1 and the cap. A limit the proxy does not
 fill (fewer than half its calls in flight) does not grow: an idle upstream proves nothing.
 
 Pure: told its samples, never reads a clock.
@@ -54,9 +54,12 @@ class LatencyLimit:
         self.baseline, self.recent = baseline, recent
         gradient = min(1.0, max(0.5, TOLERANCE * baseline / recent))
         value = self.value
-        if gradient >= 1.0 and inflight * 2 < value:
+        if gradient < 1.0:
+            wanted = value * gradient
+        elif inflight * 2 < value:
             return self.limit  # not using what it has: no evidence it can take more
-        wanted = value * gradient + math.sqrt(value)
+        else:
+            wanted = value + math.sqrt(value)
         self.value = min(float(self.cap), max(1.0, value + (wanted - value) * SMOOTHING))
         return self.limit
 
