@@ -3,7 +3,8 @@
 The servers live outside the project's environment and the checkout, in
 ``~/.cache/triage-proxy/llama`` (``TRIAGE_LLAMA_HOME`` names another), built once a machine:
 ``scripts/llama_setup --server`` builds llama-cpp-python's server and llama.cpp's own
-``llama-server`` there (``.ci/run`` does, about 7 min on 2 cores the first time). ``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
+``llama-server`` there (``.ci/run`` does, about 7 min on 2 cores the first time).
+``TRIAGE_LLAMA_PYTHON`` (a Python with ``llama_cpp.server`` and ``gguf``) and
 ``TRIAGE_LLAMA_SERVER`` name others. Whatever is missing is skipped, saying why. The
 model is written here (``tiny_gguf.py``): gibberish, 12 words a call, in milliseconds.
 

@@ -6,8 +6,9 @@ its output tokens plus ``OVERHEAD_TOKENS``, so short and long calls compare); a 
 *baseline* follows the fastest the upstream has been lately, a fast *recent* figure
 follows what it is now. While recent stays within ``tolerance`` of the baseline the limit
 grows (towards itself plus its square root, a sample); when it climbs past, the limit
-shrinks by the ratio (towards at most half of itself); smoothed, between 1 and the cap. A limit the proxy does not
-fill (fewer than half its calls in flight) does not grow: an idle upstream proves nothing.
+shrinks by the ratio (towards at most half of itself); smoothed, between 1 and the cap. A
+limit the proxy does not fill (fewer than half its calls in flight) does not grow: an idle
+upstream proves nothing.
 
 Pure: told its samples, never reads a clock.
 """
