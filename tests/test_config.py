@@ -212,7 +212,7 @@ def test_the_readme_recipe_for_a_key_digest_gives_what_the_proxy_looks_up() -> N
         (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "tgi"}]),
          "providers[0].engine: must be one of vllm, sglang, llama.cpp"),
         (with_(providers=[{"name": "p", "kind": "anthropic", "engine": "vllm"}]),
-         "providers[0].engine: only applies to kind openai"),
+         "providers[0].engine: only applies to kinds openai and simulated"),
         (with_(providers=[{"name": "p", "base_url": "http://x", "engine": "llama.cpp",
                            "priority": True}]),
          "providers[0].priority: only applies to engine vllm or sglang"),

@@ -1,26 +1,35 @@
 """Self-hosted servers in the core: what their figures allow (``EngineView``), a limit
-learned from latency (``LatencyLimit``), a pool's ceiling, the fleet that joins them, the
+learned from latency (``LatencyLimit``), a pool's room, the fleet that joins them, the
 priority a call is sent with, and the figures read off each server's own pages."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+from pathlib import Path
 
+import orjson
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.config import parse_config
 from proxy.core.call.route import Deployment, DeploymentStats, ModelRoute, rank
 from proxy.core.health.engines import START, EngineView, Figures
 from proxy.core.health.fleet import GRACE_MIN_S, UNREADABLE_S, Fleet
 from proxy.core.health.gradient import LatencyLimit
-from proxy.core.health.provider import Provider
+from proxy.core.health.provider import Provider, SimSettings, Timeouts
 from proxy.core.scheduling.capacity import Pool
 from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket, TierSpec
 from proxy.http.upstream.engines import Unreadable, parse_metrics, parse_props, parse_slots
+from proxy.http.upstream.simulated import SimulatedUpstream
+from proxy.http.upstream.upstream import UpstreamRequest
+from proxy.sim import scenarios
+from proxy.sim.run import Outcome, simulate
 
-# --- EngineView: (now, figures or "fail", the proxy's calls there, expected ceiling) -----
+# --- EngineView: (now, figures or "fail", the proxy's calls there, expected room) -----
 
 VIEW_STEPS = {
     "llama.cpp says its slots: all free to the proxy when only its calls run": [
@@ -56,14 +65,14 @@ def test_engine_view(steps: list[tuple[float, Figures | str | None, int, float |
             view.read(figures, inflight, now)
         elif figures == "fail":
             view.failed("refused", now)
-        assert view.ceiling(now) == expected, f"step {index}"
+        assert view.room(now) == expected, f"step {index}"
 
 
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(-3, 50), st.integers(-3, 50),
                           st.one_of(st.none(), st.integers(-2, 64)),
                           st.one_of(st.none(), st.floats(0, 1)), st.integers(0, 64))),
        st.floats(0, 30))
-def test_a_ceiling_is_never_negative_nor_above_what_the_server_has(
+def test_a_room_is_never_negative_nor_above_what_the_server_has(
         reads: list[tuple[float, int, int, int | None, float | None, int]],
         later: float) -> None:
     view = EngineView(grace_s=2.0, unreadable_s=15.0)
@@ -71,11 +80,11 @@ def test_a_ceiling_is_never_negative_nor_above_what_the_server_has(
     for gap, running, waiting, slots, kv, inflight in reads:
         now += gap
         view.read(Figures(running, waiting, slots, kv), inflight, now)
-        ceiling = view.ceiling(now)
-        assert ceiling is not None and 0 <= ceiling <= (view.capacity or 0)
+        room = view.room(now)
+        assert room is not None and 0 <= room <= (view.capacity or 0)
         if slots is not None and slots > 0:
-            assert ceiling <= slots
-    stale = view.ceiling(now + later)
+            assert room <= slots
+    stale = view.room(now + later)
     assert stale is None or stale == 0.0 or later <= 2.0
 
 
@@ -121,19 +130,19 @@ def test_latency_per_token_compares_short_and_long_calls() -> None:
     assert limit.limit >= 16
 
 
-# --- the pool's ceiling -------------------------------------------------------------------
+# --- the pool's room -------------------------------------------------------------------
 
 
-def test_a_ceiling_caps_the_limit_and_says_so() -> None:
+def test_a_room_caps_the_limit_and_says_so() -> None:
     pool = Pool("p", 8)
     assert (pool.limit, pool.limit_source) == (8, "configured")
-    pool.set_ceiling(6, "engine", 0.0)
+    pool.set_room(6, "engine", 0.0)
     assert (pool.limit, pool.limit_source) == (6, "engine")
-    pool.cut(0.0, 1)  # a 429 below the ceiling (halves at most): the 429 holds it
+    pool.cut(0.0, 1)  # a 429 below the room (halves at most): the 429 holds it
     assert (pool.limit, pool.limit_source) == (4, "429")
-    pool.set_ceiling(0, "latency", 0.0)
+    pool.set_room(0, "latency", 0.0)
     assert (pool.limit, pool.limit_source, pool.free(0.0)) == (0, "latency", 0)
-    pool.set_ceiling(math.inf, "engine", 0.0)
+    pool.set_room(math.inf, "engine", 0.0)
     assert (pool.limit, pool.limit_source) == (4, "429")
 
 
@@ -142,20 +151,20 @@ def scheduler(limit: int = 8) -> Scheduler:
                      {"p/m": "p"})
 
 
-def test_a_raised_ceiling_hands_out_slots_to_waiting_calls_in_tier_order() -> None:
+def test_a_raised_room_hands_out_slots_to_waiting_calls_in_tier_order() -> None:
     sched = scheduler()
-    sched.set_ceiling("p", 0, "engine", 0.0)
+    sched.set_room("p", 0, "engine", 0.0)
     low = [Ticket(tier=1, candidates=("p/m",), est_service_s=1.0) for _ in range(3)]
     high = Ticket(tier=0, candidates=("p/m",), est_service_s=1.0)
     for ticket in [*low, high]:
         sched.submit(ticket, 0.0)
     assert not sched.take().dispatches
-    sched.set_ceiling("p", 2, "engine", 1.0)
+    sched.set_room("p", 2, "engine", 1.0)
     granted = [d.ticket for d in sched.take().dispatches]
     assert granted == [high, low[0]]
 
 
-# --- the fleet: figures and latency into the scheduler's ceiling ---------------------------
+# --- the fleet: figures and latency into the scheduler's room ---------------------------
 
 
 def fleet_of(engine: str | None, auto: bool, cap: int = 1024) -> tuple[Fleet, Scheduler]:
@@ -320,3 +329,67 @@ def test_hosted_candidates_keep_their_order_whatever_is_free() -> None:
     a, b = Deployment("a", "m"), Deployment("b", "m")
     stats = {"a/m": DeploymentStats(True, 3, 4, None), "b/m": DeploymentStats(True, 0, 9, None)}
     assert rank(ModelRoute("m", (a, b)), "t", 10, 10, stats, random.Random(0)) == [a, b]
+
+
+# --- the simulator's self-hosted servers -------------------------------------------------------
+
+
+def test_the_simulator_keeps_calls_out_of_a_read_servers_queue() -> None:
+    """The engine-slots scenario: read, nothing waits inside the server; the same calls
+    with max_concurrency guessed too high wait inside it, first come first served, and
+    the critical tier's tail with them."""
+    read = scenarios.scenario("engine-slots")
+    sim = simulate(read.config, read.calls)
+    assert all(o.inside_s == 0 for o in sim.outcomes)
+    guessed = scenarios.self_hosted({"p": {"max_concurrency": 16, "slots": 6}})
+    blind = simulate(parse_config(guessed, {}), read.calls)
+    assert sum(o.inside_s > 0 for o in blind.outcomes) > 20
+
+    def p99(outcomes: list[Outcome]) -> float:
+        waits = sorted(o.wait_s for o in outcomes if o.tier == "critical")
+        return waits[int(0.99 * (len(waits) - 1))]
+
+    assert p99(sim.outcomes) < p99(blind.outcomes) / 2
+
+
+def test_the_simulator_splits_load_by_the_servers_room() -> None:
+    unequal = scenarios.scenario("engine-unequal")
+    sim = simulate(unequal.config, unequal.calls)
+    served = {name: sum(o.provider == name for o in sim.outcomes) for name in ("p", "q")}
+    # Learning a vLLM's capacity, the proxy probes above it now and then: a call of those
+    # waits inside until the next read says so.
+    assert sum(o.inside_s > 0 for o in sim.outcomes) <= 0.01 * len(sim.outcomes)
+    assert 8 / 3 * 0.7 < served["p"] / served["q"] < 8 / 3 * 1.3, served
+
+
+def test_a_server_that_slows_is_held_below_a_guess() -> None:
+    slows = scenarios.scenario("engine-slows")
+    learned = simulate(slows.config, slows.calls)
+    guessed = scenarios.self_hosted({"p": {"max_concurrency": 16, "slows_past": 4}})
+    blind = simulate(parse_config(guessed, {}), slows.calls)
+    # The same work in fewer slot-seconds: calls ran less slowed.
+    assert learned.busy_s["p"] < 0.75 * blind.busy_s["p"]
+
+
+async def test_the_live_simulated_server_queues_inside_and_says_so() -> None:
+    upstream = SimulatedUpstream("p", SimSettings(ttft_s=0.0, tokens_per_s=1000.0, slots=2))
+    request = UpstreamRequest(path="/chat/completions", body=orjson.dumps(
+        {"model": "x", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}),
+        model="x", stream=False, headers={})
+    responses = [await upstream.send(request, Timeouts()) for _ in range(3)]
+    reads = [asyncio.create_task(r.read()) for r in responses]
+    await asyncio.sleep(0.01)
+    assert upstream.figures("llama.cpp") == Figures(2, 1, 2, None)
+    assert upstream.figures("vllm") == Figures(2, 1, None, 1.0)
+    await asyncio.gather(*reads)
+    assert upstream.figures("vllm") == Figures(0, 0, None, 0.0)
+
+
+def test_the_self_hosted_pages_example_is_valid_config() -> None:
+    """docs/self-hosted.md's example (fenced ``yml``: the merged ``yaml`` examples of the
+    other pages keep their own providers)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "self-hosted.md").read_text()
+    example = yaml.safe_load(page.split("```yml\n", 1)[1].split("```", 1)[0])
+    config = parse_config(example, {})
+    assert {name: (p.engine, p.auto) for name, p in config.providers.items()} == {
+        "gpu-a": ("vllm", True), "gpu-b": ("llama.cpp", True)}

@@ -117,7 +117,7 @@ FULL: dict[str, Any] = {
         {"name": "sim", "kind": "simulated", "simulate": {
             "ttft_s": 0.1, "tokens_per_s": 10, "prefill_tokens_per_s": 1000,
             "default_output_tokens": 8, "max_output_tokens": 16, "error_rate": 0.1,
-            "capacity": 2, "seed": 7}},
+            "capacity": 2, "seed": 7, "slots": 3, "slows_past": 2}},
     ],
     "models": {
         "chat": {

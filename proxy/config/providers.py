@@ -45,8 +45,8 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
         engine = node.optional_string("engine")
         if engine is not None and engine not in ENGINES:
             fail(f"{path}.engine", f"must be one of {', '.join(ENGINES)}")
-        if engine is not None and kind != "openai":
-            fail(f"{path}.engine", "only applies to kind openai (a server speaking OpenAI's API)")
+        if engine is not None and kind not in ("openai", "simulated"):
+            fail(f"{path}.engine", "only applies to kinds openai and simulated")
         raw_limit = node.raw("max_concurrency")
         if raw_limit != "auto" and raw_limit is not None and (
                 isinstance(raw_limit, bool) or not isinstance(raw_limit, int) or raw_limit < 1):
@@ -220,6 +220,8 @@ def _simulate(node: Node) -> SimSettings:
         max_output_tokens=node.integer("max_output_tokens", 4096, minimum=1),
         error_rate=node.number("error_rate", 0.0, maximum=1.0),
         capacity=node.optional_integer("capacity", minimum=1),
+        slots=node.optional_integer("slots", minimum=1),
+        slows_past=node.optional_integer("slows_past", minimum=1),
         seed=node.optional_integer("seed"),
     )
     node.check_unknown()

@@ -110,7 +110,7 @@ class Engine:
             {d.id: d.provider for d in deployments}, tier_map, now)
         self.fleet.reconfigure(self.providers, deployments, principals, retry.budget)
         for name in providers:
-            self.fleet.settle_ceiling(name, now)
+            self.fleet.settle_room(name, now)
         self.settings, self.classify, self.models = scheduler, classify, models
         self.retry, self.estimate = retry, estimate
         self._output_caps = self._caps(models)

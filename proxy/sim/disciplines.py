@@ -15,8 +15,9 @@ instead of the proxy's policy, for ``simulate --compare`` and the scoreboard.
 A call takes the first of its candidates' providers with a slot it may use. Only slots and
 waits are modelled, as a client with its tier's ``max_wait_s`` sees them: a call still
 waiting then gives up (``queue_timeout``). A provider whose ``simulate:`` block answers
-429 past a ``capacity`` below ``max_concurrency`` has that capacity here: the references
-know the real limit, which the proxy has to find from the 429s.
+429 past a ``capacity`` below ``max_concurrency`` has that capacity here (a self-hosted
+server its ``slots`` or ``slows_past``): the references know the real limit, which the
+proxy has to find from the 429s, the server's figures or its latency.
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ _Event = tuple[float, int, int, int, str]  # (time, kind, order, call, provider)
 
 
 def slots_of(config: Config) -> dict[str, int]:
-    """Each provider's real concurrency: its ``max_concurrency``, or the simulated
-    ``capacity`` past which it answers 429 when that is lower."""
+    """Each provider's real concurrency: its ``max_concurrency``, or, when lower, the
+    simulated ``capacity`` past which it answers 429, the ``slots`` past which calls wait
+    inside it, or the ``slows_past`` past which it serves no faster."""
     slots = {}
     for name, provider in config.providers.items():
         limit = provider.max_concurrency
         timing = provider.timing
-        if timing is not None and timing.capacity is not None:
-            limit = min(limit, timing.capacity)
+        if timing is not None:
+            for real in (timing.capacity, timing.slots, timing.slows_past):
+                if real is not None:
+                    limit = min(limit, real)
         slots[name] = limit
     return slots
 

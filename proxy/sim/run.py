@@ -8,7 +8,12 @@ a loop. A call sent upstream is served for its provider's ``simulate:`` timing (
 for providers without one), producing the trace's ``output_tokens`` (at most its
 ``max_tokens`` and the deployment's ``max_output_tokens``). A ``simulate:`` block's faults
 apply too: 429 past ``capacity`` calls at once, 500 at ``error_rate`` (seeded: the same
-every run), so the 429 handling, retries and breakers are exercised as live.
+every run), so the 429 handling, retries and breakers are exercised as live. A self-hosted
+server's too: past ``slots`` running, calls wait inside it, first come first served (their
+wait there counts in the call's wait); past ``slows_past`` running, a call starting is
+slower in proportion. A provider with an ``engine`` is read as live reads it: every
+``read_every_s`` from the first arrival and ``NUDGE_S`` after each answer (``Fleet.
+engine_read``, the figures the live simulated provider gives).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,11 +49,13 @@ from ..core.call.route import Deployment
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
 from ..core.formats.request import Call
+from ..core.health.engines import Figures
 from ..core.health.fleet import Verdict
 from ..core.health.provider import SimSettings
 from ..core.scheduling.scheduler import Ticket, TicketState
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
+NUDGE_S = 0.1  # an engine is read again this soon after an answer (as live, NUDGE_GAP_S)
 # The wall time the virtual clock starts at (2026-01-01 UTC), for the keys' budget periods.
 WALL_EPOCH = 1_767_225_600.0
 
@@ -66,6 +74,7 @@ class Outcome:
     cost_usd: float = 0.0
     done_at: float = math.nan
     early: bool = False  # refused when it arrived: it could not start in time
+    inside_s: float = 0.0  # waited inside a self-hosted server for one of its slots
 
 
 MAX_SAMPLES = 4096  # per series, whatever the simulated span
@@ -170,6 +179,11 @@ class _Replay:
         self._next_sample = math.nan
         self._rng = random.Random(0)  # the same faults on every run
         self._serving = dict.fromkeys(config.providers, 0)  # calls a provider accepted
+        self._running = dict.fromkeys(config.providers, 0)  # of those, running (not inside)
+        self._inside: dict[str, deque[Callable[[float], None]]] = {
+            name: deque() for name in config.providers}
+        self._unfinished = 0  # calls not yet ended: engines are read while there are some
+        self._read_due: dict[str, float] = {}  # engine providers: their next read
 
     def at(self, when: float, action: Callable[[float], None]) -> int:
         order = next(self._order)
@@ -182,6 +196,12 @@ class _Replay:
             outcome = Outcome(row.t / self.speed)
             outcomes.append(outcome)
             self.at(outcome.arrived, self._arrival(row, outcome))
+        self._unfinished = len(outcomes)
+        if outcomes:
+            start = min(o.arrived for o in outcomes)
+            for name, provider in self.config.providers.items():
+                if provider.engine is not None:
+                    self._read_at(name, start)
         while self._events:
             now, order, action = heapq.heappop(self._events)
             if action == self._wake and order != self._timer:
@@ -190,6 +210,29 @@ class _Replay:
             action(now)
             self._act_on_decisions(now)
         return outcomes
+
+    def _read_at(self, provider: str, when: float) -> None:
+        """Read ``provider``'s server at ``when`` (sooner than its next read only)."""
+        if when >= self._read_due.get(provider, math.inf):
+            return
+        self._read_due[provider] = when
+        self.at(when, lambda now: self._read(provider, now))
+
+    def _read(self, provider: str, now: float) -> None:
+        if self._read_due.get(provider) != now:
+            return  # a sooner read replaced this one
+        settings = self.config.providers[provider]
+        timing = settings.timing
+        running, waiting = self._running[provider], len(self._inside[provider])
+        slots = timing.slots if timing is not None else None
+        engine = settings.engine
+        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
+        self.engine.fleet.engine_read(
+            provider, Figures(running, waiting, slots if engine == "llama.cpp" else None, kv),
+            now)
+        del self._read_due[provider]
+        if self._unfinished:
+            self._read_at(provider, now + settings.read_every_s)
 
     def _wake(self, now: float) -> None:
         self._timer_at, self._timer = None, -1
@@ -221,11 +264,13 @@ class _Replay:
                 plan = self.engine.plan(call, facts, principal, now)
             except ModelNotFound as exc:  # refused, as live
                 outcome.code, outcome.wait_s, outcome.done_at = exc.code, 0.0, now
+                self._unfinished -= 1
                 return
             outcome.tier, outcome.key = plan.tier_name, principal.name
             refusal = budgets.arrival(self.budgets, plan, WALL_EPOCH + now)
             if refusal is not None:
                 outcome.code, outcome.wait_s, outcome.done_at = "budget_exceeded", 0.0, now
+                self._unfinished -= 1
                 return
             attempts = Attempts(self.engine, plan)
             self._do(attempts, attempts.start(now), row, outcome, now)
@@ -296,24 +341,46 @@ class _Replay:
         if row.max_tokens is not None:
             output = min(output, row.max_tokens)
         output = min(output, deployment.max_output_tokens)
+        provider = deployment.provider
         ttft, took = service_s(self.config, deployment, row.prompt_tokens, output)
-        outcome.provider = deployment.provider
-        outcome.service_s = took
+        outcome.provider = provider
         outcome.cost_usd = deployment.cost(row.prompt_tokens, output, attempts.service_tier)
-        self.busy_s[deployment.provider] = self.busy_s.get(deployment.provider, 0.0) + took
-        # Live knows a call's time to first token only when it streams, and its latency
-        # model learns that apart from the output rate only then: learn as live does.
-        result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
-                        completion_tokens=output, ttft_s=ttft if row.stream else None)
-        self._serving[deployment.provider] += 1
+        self._serving[provider] += 1
+        sent = now
 
-        def done(t: float) -> None:
-            self._serving[deployment.provider] -= 1
-            after = attempts.finished(result, t)
-            self._settle(attempts, deployment, outcome.cost_usd, t)
-            self._do(attempts, after, row, outcome, t)
+        def start(t: float) -> None:
+            outcome.inside_s += t - sent
+            self._running[provider] += 1
+            past = timing.slows_past if timing is not None else None
+            running = self._running[provider]
+            slower = running / past if past is not None and running > past else 1.0
+            outcome.service_s = took * slower
+            self.busy_s[provider] = self.busy_s.get(provider, 0.0) + took * slower
+            # Live knows a call's time to first token only when it streams, and its latency
+            # model learns that apart from the output rate only then: learn as live does.
+            result = Result(Verdict.SUCCESS, status=200, prompt_tokens=row.prompt_tokens,
+                            completion_tokens=output,
+                            ttft_s=(ttft * slower + t - sent) if row.stream else None)
 
-        self.at(now + took, done)
+            def done(end: float) -> None:
+                self._serving[provider] -= 1
+                self._running[provider] -= 1
+                inside = self._inside[provider]
+                if inside:
+                    inside.popleft()(end)
+                if provider in self.engine.fleet.engines:
+                    self._read_at(provider, end + NUDGE_S)
+                after = attempts.finished(result, end)
+                self._settle(attempts, deployment, outcome.cost_usd, end)
+                self._do(attempts, after, row, outcome, end)
+
+            self.at(t + took * slower, done)
+
+        slots = timing.slots if timing is not None else None
+        if slots is not None and self._running[provider] >= slots:
+            self._inside[provider].append(start)
+        else:
+            start(now)
 
     def _settle(self, attempts: Attempts, deployment: Deployment | None, cost: float | None,
                 now: float) -> None:
@@ -336,8 +403,9 @@ class _Replay:
         return None
 
     def _finish(self, attempts: Attempts, outcome: Outcome, now: float) -> None:
-        outcome.wait_s = attempts.queue_s
+        outcome.wait_s = attempts.queue_s + outcome.inside_s
         outcome.done_at = now
+        self._unfinished -= 1
         if attempts.ticket is not None:  # a reload never happens here: the name is current
             outcome.tier = self.engine.tier_names[attempts.ticket.tier]
 

@@ -343,6 +343,61 @@ def two_providers(seed: int = 0) -> Scenario:
                     table({"p": 6, "q": 4}), tuple(calls))
 
 
+def self_hosted(pools: dict[str, dict[str, object]], **settings: object) -> dict[str, object]:
+    """``table`` for self-hosted servers: each pool's provider gets ``pools[name]`` (its
+    ``engine``, ``max_concurrency``, ``slots`` and ``slows_past``) in place of a number."""
+    data = table(dict.fromkeys(pools, 1), **settings)  # type: ignore[arg-type]
+    providers = data["providers"]
+    assert isinstance(providers, list)
+    for provider in providers:
+        given = dict(pools[provider["name"]])
+        provider.pop("max_concurrency")
+        for key in ("slots", "slows_past"):
+            if key in given:
+                provider["simulate"][key] = given.pop(key)
+        provider.update(given)
+    return data
+
+
+def engine_slots(seed: int = 0) -> Scenario:
+    """A llama.cpp server with 6 slots the routing table does not name (``engine``, no
+    ``max_concurrency``: it reads them), past which calls wait inside it: all four tiers at
+    1.3x for 60 s."""
+    rng = draws(31, seed)
+    size = lognormal(rng, 1.5, 0.7, 10.0)
+    calls = flows(rng, [(tier, share * 1.3 * 6 / 1.5, size) for tier, share in MIX_B],
+                  0.0, 60.0)
+    return Scenario("engine-slots", "a llama.cpp server's 6 slots, read, not configured; "
+                    "1.3x for 60 s", self_hosted({"p": {"engine": "llama.cpp", "slots": 6}}),
+                    tuple(calls))
+
+
+def engine_unequal(seed: int = 0) -> Scenario:
+    """One model on two vLLM servers of 8 and 3 slots (their capacity learned from what
+    waits inside and their KV-cache use): 1.2x of both for 120 s."""
+    rng = draws(37, seed)
+    size = lognormal(rng, 1.5, 0.7, 10.0)
+    calls = flows(rng, [(tier, share * 1.2 * 11 / 1.5, size) for tier, share in MIX_B],
+                  0.0, 120.0)
+    return Scenario("engine-unequal", "one model on two vLLM servers (8 + 3 slots, learned) "
+                    "at 1.2x", self_hosted({"p": {"engine": "vllm", "slots": 8},
+                                            "q": {"engine": "vllm", "slots": 3}}),
+                    tuple(calls))
+
+
+def engine_slows(seed: int = 0) -> Scenario:
+    """A server that takes every call but slows past 4 running (each call slower in
+    proportion), no engine read: ``max_concurrency: auto`` learns a limit from latency;
+    1.2x of its 4 for 120 s."""
+    rng = draws(41, seed)
+    size = lognormal(rng, 1.5, 0.7, 10.0)
+    calls = flows(rng, [(tier, share * 1.2 * 4 / 1.5, size) for tier, share in MIX_B],
+                  0.0, 120.0)
+    return Scenario("engine-slows", "a server that slows past 4 running, limit from latency, "
+                    "at 1.2x", self_hosted({"p": {"max_concurrency": "auto",
+                                                  "slows_past": 4}}), tuple(calls))
+
+
 BUILDERS: dict[str, Callable[[int], Scenario]] = {
     "seed-peak": seed_peak,
     "seed-peak-critical": lambda seed: seed_peak(seed, "critical"),
@@ -375,6 +430,9 @@ BUILDERS: dict[str, Callable[[int], Scenario]] = {
     "throttled": throttled,
     "empty-above": empty_above,
     "two-providers": two_providers,
+    "engine-slots": engine_slots,
+    "engine-unequal": engine_unequal,
+    "engine-slows": engine_slows,
 }
 
 

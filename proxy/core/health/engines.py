@@ -3,7 +3,7 @@
 A server that queues calls inside (vLLM, SGLang, llama.cpp's ``llama-server``) never
 answers 429: past its capacity it takes calls into its own first-come queue, where tiers do
 not apply. The driver reads its figures (``Figures``) on a timer and after answers; an
-``EngineView`` turns them into a *ceiling* on the proxy's calls there: the server's
+``EngineView`` turns them into the *room* left for the proxy's calls there: the server's
 capacity less what runs and waits there on others' behalf (other replicas, other clients:
 the most of the last ``OTHERS_READS`` reads).
 
@@ -13,8 +13,8 @@ the most of the last ``OTHERS_READS`` reads).
   may take more (half again where the cache is mostly free, an eighth where it is not;
   not within ``REGROW_S`` of calls seen waiting).
 - Figures are only as good as their age: older than ``grace_s`` they count as full
-  (ceiling 0), never as free; a server not read for ``unreadable_s`` is *unreadable*
-  (``ceiling`` None): the pool falls back to its configured or latency-learned limit.
+  (room 0), never as free; a server not read for ``unreadable_s`` is *unreadable*
+  (``room`` None): the pool falls back to its configured or latency-learned limit.
 
 Pure: told the time, never does I/O.
 """
@@ -47,7 +47,7 @@ class Figures:
 
 
 class EngineView:
-    """One server's figures over time, and the ceiling they put on the proxy's calls."""
+    """One server's figures over time, and the room they leave for the proxy's calls."""
 
     def __init__(self, grace_s: float, unreadable_s: float) -> None:
         if not 0 < grace_s <= unreadable_s:
@@ -89,7 +89,7 @@ class EngineView:
         self._seen(now)
         self.error = reason
 
-    def ceiling(self, now: float) -> float | None:
+    def room(self, now: float) -> float | None:
         """How many of the proxy's calls the server can run now; 0 while its figures are
         stale; None once it has been unreadable for ``unreadable_s`` (fall back)."""
         if self.capacity is not None and now - self.read_at <= self.grace_s:
@@ -105,7 +105,7 @@ class EngineView:
         return self._since
 
     def readable(self, now: float) -> bool:
-        return self.ceiling(now) is not None
+        return self.room(now) is not None
 
     def snapshot(self, now: float) -> dict[str, object]:
         figures = self.figures

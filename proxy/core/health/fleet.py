@@ -13,7 +13,7 @@
   provider until it refills. A key's own buckets work the same way, taken when its call
   is admitted.
 - A retry allowance per provider keeps re-tries within a fraction of first attempts.
-- A self-hosted server's own figures (``engines``) put a ceiling on its calls; where it
+- A self-hosted server's own figures (``engines``) bound its calls (the pool's room); where it
   cannot be read and its limit is learned (``max_concurrency: auto``), the latency its
   answers show does (``gradient``). A server that refuses the ``priority`` field is not
   sent it again (``priority_refused``).
@@ -156,14 +156,14 @@ class Fleet:
         elif name not in self.engines:
             grace = max(GRACE_READS * provider.read_every_s, GRACE_MIN_S)
             self.engines[name] = EngineView(grace, max(grace, UNREADABLE_S))
-            self._scheduler.lower_ceiling(name, 0, "engine")  # full until first read
+            self._scheduler.lower_room(name, 0, "engine")  # full until first read
         found = self.latency.get(name)
         if not provider.auto:
             self.latency.pop(name, None)
         elif found is None or found.cap != provider.max_concurrency:
             found = self.latency[name] = LatencyLimit(provider.max_concurrency)
             if provider.engine is None:
-                self._scheduler.lower_ceiling(name, found.limit, "latency")
+                self._scheduler.lower_room(name, found.limit, "latency")
 
     def down(self, deployment: str, now: float) -> bool:
         """The deployment's breaker is open (half-open counts as up: probes may go)."""
@@ -270,13 +270,13 @@ class Fleet:
         view = self.engines.get(provider)
         if view is not None:
             view.read(figures, self._scheduler.inflight(provider), now)
-            self.settle_ceiling(provider, now)
+            self.settle_room(provider, now)
 
     def engine_failed(self, provider: str, reason: str, now: float) -> None:
         view = self.engines.get(provider)
         if view is not None:
             view.failed(reason, now)
-            self.settle_ceiling(provider, now)
+            self.settle_room(provider, now)
 
     def answered(self, provider: str, seconds: float, tokens: int, now: float) -> None:
         """A call there was answered in ``seconds`` with ``tokens`` of output: a latency
@@ -284,21 +284,21 @@ class Fleet:
         latency = self.latency.get(provider)
         if latency is not None:
             latency.sample(seconds, tokens, self._scheduler.inflight(provider))
-            self.settle_ceiling(provider, now)
+            self.settle_room(provider, now)
 
-    def settle_ceiling(self, provider: str, now: float) -> None:
-        """The provider's ceiling at ``now``: its server's figures while they can be read,
+    def settle_room(self, provider: str, now: float) -> None:
+        """The provider's room at ``now``: its server's figures while they can be read,
         else its latency-learned limit, else none (configured and 429s alone)."""
         view = self.engines.get(provider)
-        ceiling = None if view is None else view.ceiling(now)
-        if ceiling is not None:
-            self._scheduler.set_ceiling(provider, ceiling, "engine", now)
+        room = None if view is None else view.room(now)
+        if room is not None:
+            self._scheduler.set_room(provider, room, "engine", now)
             return
         latency = self.latency.get(provider)
         if latency is not None:
-            self._scheduler.set_ceiling(provider, latency.limit, "latency", now)
+            self._scheduler.set_room(provider, latency.limit, "latency", now)
         else:
-            self._scheduler.set_ceiling(provider, math.inf, "engine", now)
+            self._scheduler.set_room(provider, math.inf, "engine", now)
 
     def refuse_priority(self, provider: str) -> bool:
         """The provider's server refused the ``priority`` field: not sent there again.

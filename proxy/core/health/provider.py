@@ -25,6 +25,10 @@ class SimSettings:
     max_output_tokens: int = 4096  # like a real model's limit, whatever max_tokens asks
     error_rate: float = 0.0  # fraction of calls answered 500
     capacity: int | None = None  # concurrent calls before answering 429
+    # A self-hosted server's own limits: past ``slots`` running, calls wait inside it (first
+    # come, first served); past ``slows_past`` running, each is slower in proportion.
+    slots: int | None = None
+    slows_past: int | None = None
     seed: int | None = None
 
 

@@ -1,10 +1,11 @@
 """What each provider can take right now: slots per pool, gates per deployment.
 
 A *pool* is one provider's slots: ``limit`` calls at once, an effective limit that adapts
-between 1 and ``max_concurrency``, and is at most a *ceiling* set from outside (a
-self-hosted server's own figures, or the latency an upstream shows: ``limit_source`` says
-which of these holds the limit now). A 429 cuts it to the concurrency the provider was
-actually seen to bear (the calls still in flight when it refused one), by at most half;
+between 1 and ``max_concurrency``, and at most the *room* set from outside (what a
+self-hosted server's own figures, or the latency an upstream shows, leave for the proxy's
+calls: ``limit_source`` says which of these holds the limit now). A 429 cuts it to the
+concurrency the provider was actually seen to bear (the calls still in flight when it
+refused one), by at most half;
 every ``GROW_EVERY_S`` without a 429 it grows back by one (an eighth of itself when
 that is more), so a provider whose real limit is lower than configured is used right up
 to that limit, probed above it about once per ``GROW_EVERY_S``, and a provider that went
@@ -42,8 +43,8 @@ class Pool:
     running: list[int] = field(default_factory=list)  # calls in flight, per tier
     deployments: list[Gate] = field(default_factory=list)
     adaptive: int = 0  # the limit 429s leave (1 to max_concurrency)
-    ceiling: float = math.inf  # what a server's figures or its latency allow (0: nothing)
-    ceiling_source: str = "engine"  # "engine" or "latency"
+    room: float = math.inf  # what a server's figures or its latency allow (0: nothing)
+    room_source: str = "engine"  # "engine" or "latency"
     _grow_at: float = math.inf
 
     def __post_init__(self) -> None:
@@ -54,23 +55,23 @@ class Pool:
     @property
     def limit_source(self) -> str:
         """What holds the limit now: ``configured``, ``429``, ``engine`` or ``latency``."""
-        if self.ceiling < self.adaptive:
-            return self.ceiling_source
+        if self.room < self.adaptive:
+            return self.room_source
         return "429" if self.adaptive < self.max_concurrency else "configured"
 
-    def set_ceiling(self, ceiling: float, source: str, now: float) -> None:
-        """At most ``ceiling`` calls at once from now (``math.inf``: no ceiling), by what
+    def set_room(self, room: float, source: str, now: float) -> None:
+        """At most ``room`` calls at once from now (``math.inf``: no bound), by what
         ``source`` says; calls running above it keep their slots."""
-        if not ceiling >= 0:
-            raise ValueError("a ceiling must not be negative")
+        if not room >= 0:
+            raise ValueError("room must not be negative")
         self._grow(now)
-        self.ceiling, self.ceiling_source = ceiling, source
+        self.room, self.room_source = room, source
         self.settle()
 
     def settle(self) -> None:
-        """``limit`` from the adaptive limit and the ceiling."""
-        ceiling = self.ceiling
-        self.limit = self.adaptive if ceiling >= self.adaptive else int(ceiling)
+        """``limit`` from the adaptive limit and the room."""
+        room = self.room
+        self.limit = self.adaptive if room >= self.adaptive else int(room)
 
     def free(self, now: float) -> int:
         """Slots that may be handed out at ``now``."""

@@ -274,21 +274,21 @@ class Scheduler:
         running above a lowered limit keep their slots until released."""
         self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
-    def set_ceiling(self, pool: str, ceiling: float, source: str, now: float) -> None:
-        """At most ``ceiling`` of the provider's calls at once (``math.inf``: none), by a
+    def set_room(self, pool: str, room: float, source: str, now: float) -> None:
+        """At most ``room`` of the provider's calls at once (``math.inf``: no bound), by a
         self-hosted server's own figures (``source`` "engine") or its latency ("latency");
         calls running above it keep their slots until released."""
         found = self._pools[self._capacity.known_pool(pool)]
-        if found.ceiling != ceiling or found.ceiling_source != source:
-            found.set_ceiling(ceiling, source, now)
+        if found.room != room or found.room_source != source:
+            found.set_room(room, source, now)
             self._fill(found, now)
 
-    def lower_ceiling(self, pool: str, ceiling: float, source: str) -> None:
-        """``set_ceiling`` for a ceiling no higher than the one in force (a provider just
+    def lower_room(self, pool: str, room: float, source: str) -> None:
+        """``set_room`` for a room no higher than the one in force (a provider just
         configured): nothing is handed out, so no time is needed."""
         found = self._pools[self._capacity.known_pool(pool)]
-        if ceiling < found.ceiling:
-            found.ceiling, found.ceiling_source = ceiling, source
+        if room < found.room:
+            found.room, found.room_source = room, source
             found.settle()
 
     def limit_source(self, pool: str) -> str:

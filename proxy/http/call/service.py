@@ -107,7 +107,7 @@ class Service:
             upstreams=self.upstreams)
         # Self-hosted servers' own figures, read on timers once started.
         self.readers = Readers(self._engine_read, self._engine_failed)
-        self.readers.configure(config.providers)
+        self.readers.configure(config.providers, self.upstreams)
         self.forwarder.answered = self.readers.nudge
         self._configure_shared()
         self._schedule_timer: asyncio.TimerHandle | None = None
@@ -275,7 +275,7 @@ class Service:
         self.budgets.configure(budgets_of(config), config.timezone)
         self.cache.configure(config.models)
         self.semantic.configure(config.models)
-        self.readers.configure(config.providers)
+        self.readers.configure(config.providers, self.upstreams)
         self.loaded_at, self.last_error = self.clock.wall(), None
         self._configure_shared()
         if self.shared.mode == "local" and self.shared.across_replicas:

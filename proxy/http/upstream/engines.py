@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ...core.health.engines import Figures
 from ...core.health.provider import Provider
+from .simulated import SimulatedUpstream
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +105,16 @@ def parse_props(data: bytes) -> int:
 
 class EngineReader:
     """Reads one server on a timer and when nudged; hands each outcome to ``on_read`` /
-    ``on_failure``."""
+    ``on_failure``. A simulated provider (``simulated``) is read in process."""
 
     def __init__(self, provider: Provider, session: aiohttp.ClientSession,
                  on_read: Callable[[str, Figures], None],
-                 on_failure: Callable[[str, str], None]) -> None:
+                 on_failure: Callable[[str, str], None],
+                 simulated: SimulatedUpstream | None = None) -> None:
         assert provider.engine is not None
         self.provider = provider
         self._engine = provider.engine
+        self._simulated = simulated
         self._root = server_root(provider.base_url)
         self._session = session
         self._on_read, self._on_failure = on_read, on_failure
@@ -165,6 +168,8 @@ class EngineReader:
 
     async def read(self) -> Figures:
         engine = self._engine
+        if self._simulated is not None:
+            return self._simulated.figures(engine)
         if engine != "llama.cpp":
             status, body = await self._get("/metrics")
             if status != 200:
@@ -210,10 +215,11 @@ class Readers:
         self._session: aiohttp.ClientSession | None = None
         self._retiring: set[asyncio.Task[None]] = set()
 
-    def configure(self, providers: Mapping[str, Provider]) -> None:
+    def configure(self, providers: Mapping[str, Provider],
+                  upstreams: Mapping[str, object]) -> None:
         """Start readers for servers new or changed, stop those no longer configured.
         Needs a running loop; before ``start`` it only remembers."""
-        self._providers = providers
+        self._providers, self._upstreams = providers, upstreams
         if self._session is None:
             return
         for name in list(self._readers):
@@ -225,14 +231,16 @@ class Readers:
                 task.add_done_callback(self._retiring.discard)
         for name, provider in providers.items():
             if provider.engine is not None and name not in self._readers:
+                upstream = self._upstreams.get(name)
                 reader = self._readers[name] = EngineReader(
-                    provider, self._session, self._on_read, self._on_failure)
+                    provider, self._session, self._on_read, self._on_failure,
+                    upstream if isinstance(upstream, SimulatedUpstream) else None)
                 reader.start()
 
     def start(self) -> None:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S), trust_env=False)
-        self.configure(self._providers)
+        self.configure(self._providers, self._upstreams)
 
     def nudge(self, name: str) -> None:
         reader = self._readers.get(name)

@@ -9,13 +9,18 @@ tokens, streamed or whole, as the simulator (``proxy.sim.run``) counts it. Outpu
 is the call's own limit, else ``stop``); answers come in the shape of the API called
 (``sim_answers``); a stream is generated as it goes, so memory stays bounded.
 With ``capacity`` set it answers 429 past that many concurrent calls, like a real
-provider's concurrency limit.
+provider's concurrency limit. With ``slots`` set it is a self-hosted server instead: past
+that many calls running, the next wait inside it, first come first served; with
+``slows_past``, past that many running each call's tokens come slower in proportion (its
+pace set as each batch of tokens starts). ``figures`` says what it runs and what waits in
+it, as a self-hosted server's own pages do (``engine``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import binascii
+import contextlib
 import random
 import struct
 import zlib
@@ -23,6 +28,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import orjson
 
+from ...core.health.engines import Figures
 from ...core.health.provider import SimSettings, Timeouts
 from .sim_answers import ANSWERS, Answer
 from .upstream import UpstreamRequest
@@ -37,7 +43,41 @@ class SimulatedUpstream:
         self.settings = settings
         self.active = 0
         self.calls = 0
+        self.waiting = 0  # calls waiting inside for one of its ``slots``
         self._rng = random.Random(settings.seed)
+        self._slots = (asyncio.Semaphore(settings.slots) if settings.slots is not None
+                       else None)
+
+    def figures(self, engine: str) -> Figures:
+        """What it runs and what waits in it, as ``engine``'s pages would say (its slots
+        only where llama.cpp tells them; a KV-cache use as the share of slots in use)."""
+        running = self.active - self.waiting
+        slots = self.settings.slots
+        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
+        return Figures(running, self.waiting, slots if engine == "llama.cpp" else None, kv)
+
+    def pace(self) -> float:
+        """How many times slower than ``tokens_per_s`` it generates now (``slows_past``)."""
+        past = self.settings.slows_past
+        running = self.active - self.waiting
+        return running / past if past is not None and running > past else 1.0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """One of its ``slots`` (at once without them), waited for inside."""
+        slots = self._slots
+        if slots is None:
+            yield
+            return
+        self.waiting += 1
+        try:
+            await slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            slots.release()
 
     async def send(self, request: UpstreamRequest, timeouts: Timeouts) -> SimulatedResponse:
         self.calls += 1
@@ -150,8 +190,11 @@ class SimulatedResponse:
         try:
             if self._upstream is None or self._answer is None:
                 return self._body
+            upstream = self._upstream
             n_out = self._answer.n_out
-            await asyncio.sleep(self._ttft_s + n_out / self._upstream.settings.tokens_per_s)
+            async with upstream.slot():
+                await asyncio.sleep(self._ttft_s + n_out * upstream.pace()
+                                    / upstream.settings.tokens_per_s)
             return self._answer.whole("".join(self._words(0, n_out)))
         finally:
             self.close()
@@ -162,22 +205,25 @@ class SimulatedResponse:
                 self.ended = True
                 yield self._body
                 return
-            answer = self._answer
+            answer, upstream = self._answer, self._upstream
             loop = asyncio.get_running_loop()
-            # Token i is due ttft + i / tokens_per_s after the start, the end one token
-            # after the last: each wait is to a due time, so a timer's slack (a millisecond
-            # under uvloop) is not added up over a long answer.
-            first = loop.time() + self._ttft_s
-            await asyncio.sleep(self._ttft_s)
-            opening = answer.opening()
-            if opening:
-                yield opening
-            per_token = 1.0 / self._upstream.settings.tokens_per_s
-            batch = max(1, int(_CHUNK_BATCH_S / per_token))
-            for start in range(0, answer.n_out, batch):
-                await _until(loop, first + start * per_token)
-                yield answer.pieces(self._words(start, start + batch))
-            await _until(loop, first + answer.n_out * per_token)
+            async with upstream.slot():
+                # Token i is due ttft + i / tokens_per_s after the start (slower while the
+                # server is past ``slows_past``), the end one token after the last: each
+                # wait is to a due time, so a timer's slack (a millisecond under uvloop) is
+                # not added up over a long answer.
+                due = loop.time() + self._ttft_s
+                await asyncio.sleep(self._ttft_s)
+                opening = answer.opening()
+                if opening:
+                    yield opening
+                per_token = 1.0 / upstream.settings.tokens_per_s
+                batch = max(1, int(_CHUNK_BATCH_S / per_token))
+                for start in range(0, answer.n_out, batch):
+                    await _until(loop, due)
+                    yield answer.pieces(self._words(start, start + batch))
+                    due += min(batch, answer.n_out - start) * per_token * upstream.pace()
+                await _until(loop, due)
             text = "".join(self._words(0, answer.n_out)) if answer.repeats_text else ""
             self.ended = True
             yield answer.closing(text, self._include_usage)
