@@ -13,7 +13,9 @@ call came with and the most calls ever waiting inside. Its pages:
 - llama.cpp: ``/props`` (``total_slots``), ``/slots`` and ``/metrics``
   (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``).
 
-A server started without priority scheduling refuses the field with a 400, as vLLM does.
+A server started without priority scheduling refuses the field with a 400, as vLLM does; a
+call whose message says "bad request" gets a 400 that quotes the whole request, as vLLM's
+validation errors do.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class FakeEngine:
         priority = body.get("priority")
         text = str(body["messages"][-1]["content"])
         self.received.append((priority, text))
+        if "bad request" in text:  # a validation error quoting the request, as vLLM's do
+            return web.json_response({"object": "error", "type": "BadRequestError",
+                                      "code": 400, "message": f"1 validation error: {body}",
+                                      "param": None}, status=400)
         if priority is not None and not self.priority_scheduling:
             return web.json_response({"object": "error", "type": "BadRequestError", "code": 400,
                                       "message": f"Got priority {priority} but Priority "

@@ -50,6 +50,14 @@ VIEW_STEPS = {
         (0.0, Figures(4, 0, kv_use=0.2), 4, 6.0), (0.5, Figures(6, 0, kv_use=0.3), 6, 9.0)],
     "learned: all used, KV not mostly free: an eighth (at least one)": [
         (0.0, Figures(4, 0, kv_use=0.6), 4, 5.0), (0.5, Figures(5, 0), 5, 6.0)],
+    "learned: one read of calls waiting, the cache mostly free, cuts nothing (a burst)": [
+        (0.0, Figures(8, 0, kv_use=0.1), 8, 12.0), (0.5, Figures(8, 4, kv_use=0.3), 12, 12.0),
+        (1.0, Figures(12, 0), 12, 12.0)],
+    "learned: two reads of calls waiting cut to what runs": [
+        (0.0, Figures(8, 0, kv_use=0.1), 8, 12.0), (0.5, Figures(9, 3, kv_use=0.3), 12, 12.0),
+        (1.0, Figures(9, 3, kv_use=0.3), 12, 9.0)],
+    "learned: calls waiting with the cache nearly full cut at once": [
+        (0.0, Figures(8, 0, kv_use=0.1), 8, 12.0), (0.5, Figures(9, 3, kv_use=0.95), 12, 9.0)],
     "learned: KV nearly full, it takes no more than it runs": [
         (0.0, Figures(4, 0, kv_use=0.95), 4, 4.0), (0.5, Figures(4, 0, kv_use=0.95), 4, 4.0)],
     "learned: not all used, no growth": [(0.0, Figures(1, 0, kv_use=0.1), 1, float(START))],
@@ -138,12 +146,12 @@ def test_a_room_caps_the_limit_and_says_so() -> None:
     assert (pool.limit, pool.limit_source) == (8, "configured")
     pool.set_room(6, "engine", 0.0)
     assert (pool.limit, pool.limit_source) == (6, "engine")
-    pool.cut(0.0, 1)  # a 429 below the room (halves at most): the 429 holds it
-    assert (pool.limit, pool.limit_source) == (4, "429")
+    pool.cut(0.0, 1)  # a 429: half the limit in force (at most), and the 429 holds it
+    assert (pool.limit, pool.limit_source) == (3, "429")
     pool.set_room(0, "latency", 0.0)
     assert (pool.limit, pool.limit_source, pool.free(0.0)) == (0, "latency", 0)
     pool.set_room(math.inf, "engine", 0.0)
-    assert (pool.limit, pool.limit_source) == (4, "429")
+    assert (pool.limit, pool.limit_source) == (3, "429")
 
 
 def scheduler(limit: int = 8) -> Scheduler:
@@ -204,8 +212,35 @@ def test_latency_samples_set_an_auto_providers_limit() -> None:
     assert (sched.capacity("p"), sched.limit_source("p")) == (8, "latency")
     for _ in range(30):
         fleet.answered("p", 1.0, 92, 0.0)
-    # Nothing in flight: no proof it can take more.
+    assert sched.capacity("p") == 8  # nothing in flight: no proof it can take more
+    for _ in range(8):  # every slot in use
+        sched.submit(Ticket(tier=0, candidates=("p/m",), est_service_s=1.0), 0.0)
+    for _ in range(30):
+        fleet.answered("p", 1.0, 92, 0.0)
+    grown = sched.capacity("p")
+    assert grown > 8 and sched.limit_source("p") == "latency"
+    for _ in range(30):
+        fleet.answered("p", 4.0, 92, 0.0)  # four times slower per token
+    assert sched.capacity("p") < grown / 2
+
+
+def test_a_429_cuts_an_auto_providers_limit_from_the_one_in_force() -> None:
+    _, sched = fleet_of(None, auto=True, cap=1024)
     assert sched.capacity("p") == 8
+    sched.cut("p", 0.0, bore=1)
+    assert (sched.capacity("p"), sched.limit_source("p")) == (4, "429")
+
+
+def test_a_reload_to_another_server_forgets_the_first_ones_figures() -> None:
+    fleet, sched = fleet_of("vllm", auto=True)
+    fleet.engine_read("p", Figures(0, 0, slots=6), 0.0)
+    fleet.refuse_priority("p")
+    moved = Provider("p", "openai", 1024, base_url="http://other:8000/v1", engine="sglang",
+                     auto=True)
+    fleet.reconfigure({"p": moved}, [Deployment("p", "m")], [], 0.2)
+    fleet.settle_room("p", 0.5)
+    assert (fleet.engines["p"].capacity, sched.capacity("p")) == (None, 0)
+    assert fleet.priority_refused == set()
 
 
 def test_a_refused_priority_is_said_once() -> None:
@@ -374,7 +409,7 @@ def test_a_server_that_slows_is_held_below_a_guess() -> None:
 async def test_the_live_simulated_server_queues_inside_and_says_so() -> None:
     upstream = SimulatedUpstream("p", SimSettings(ttft_s=0.0, tokens_per_s=1000.0, slots=2))
     request = UpstreamRequest(path="/chat/completions", body=orjson.dumps(
-        {"model": "x", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}),
+        {"model": "x", "max_tokens": 500, "messages": [{"role": "user", "content": "hi"}]}),
         model="x", stream=False, headers={})
     responses = [await upstream.send(request, Timeouts()) for _ in range(3)]
     reads = [asyncio.create_task(r.read()) for r in responses]

@@ -55,7 +55,7 @@ from ..core.health.provider import SimSettings
 from ..core.scheduling.scheduler import Ticket, TicketState
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
-NUDGE_S = 0.1  # an engine is read again this soon after an answer (as live, NUDGE_GAP_S)
+NUDGE_S = 0.25  # an engine is read again this soon after an answer (live: NUDGE_GAP_S)
 # The wall time the virtual clock starts at (2026-01-01 UTC), for the keys' budget periods.
 WALL_EPOCH = 1_767_225_600.0
 

@@ -8,7 +8,9 @@ capacity less what runs and waits there on others' behalf (other replicas, other
 the most of the last ``OTHERS_READS`` reads).
 
 - Capacity is told where the server says it (llama.cpp's ``total_slots``), else learned:
-  calls waiting inside mean it runs all it can (capacity = what runs); nothing waiting
+  calls waiting inside while its KV cache is nearly full (or says nothing), or at two reads
+  running, mean it runs all it can (capacity = what runs; one read with the cache mostly
+  free may catch a burst before the server's next step takes it); nothing waiting
   while every slot the proxy may use is used, and the KV cache not nearly full, means it
   may take more (half again where the cache is mostly free, an eighth where it is not;
   not within ``REGROW_S`` of calls seen waiting).
@@ -60,6 +62,7 @@ class EngineView:
         self.error: str | None = None  # why the last read failed (None: it did not)
         self._since: float | None = None  # first asked: unread since
         self._grow_at = -math.inf
+        self._waited = False  # the last read saw calls waiting inside
         self._others_seen: deque[int] = deque()
 
     def read(self, figures: Figures, inflight: int, now: float) -> None:
@@ -77,8 +80,12 @@ class EngineView:
             return
         capacity = self.capacity if self.capacity is not None else max(START, running)
         kv = figures.kv_use
+        waited, self._waited = self._waited, waiting > 0
         if waiting > 0:
-            capacity = max(1, running)  # it starts no more than this now
+            # It starts no more than it runs now: so its KV cache says (nearly full, or
+            # not said), or two reads running do (one may catch a burst not yet taken).
+            if waited or kv is None or kv >= KV_HIGH:
+                capacity = max(1, running)
             self._grow_at = now + REGROW_S
         elif running >= capacity and (kv is None or kv < KV_HIGH) and now >= self._grow_at:
             capacity += max(1, capacity // (2 if kv is not None and kv < KV_LOW else 8))

@@ -112,6 +112,7 @@ class Fleet:
         self.engines: dict[str, EngineView] = {}
         self.latency: dict[str, LatencyLimit] = {}
         self.priority_refused: set[str] = set()
+        self._learned_for: dict[str, Provider] = {}  # each provider's settings they are for
         self.reconfigure(providers, deployments, principals, retry_ratio)
 
     def reconfigure(self, providers: Mapping[str, Provider], deployments: Iterable[Deployment],
@@ -150,10 +151,17 @@ class Fleet:
 
     def _keep_learners(self, name: str, provider: Provider) -> None:
         """The provider's engine view and latency limit, kept across reloads while it
-        keeps its engine and its cap."""
+        keeps its engine, address and read interval (the view) and its cap (the latency
+        limit); a provider changed in any way may take ``priority`` again."""
+        before = self._learned_for.get(name)
+        self._learned_for[name] = provider
+        if before is not None and before != provider:
+            self.priority_refused.discard(name)  # another server, or restarted otherwise
         if provider.engine is None:
             self.engines.pop(name, None)
-        elif name not in self.engines:
+        elif name not in self.engines or before is None or (
+                before.engine, before.base_url, before.read_every_s) != (
+                provider.engine, provider.base_url, provider.read_every_s):
             grace = max(GRACE_READS * provider.read_every_s, GRACE_MIN_S)
             self.engines[name] = EngineView(grace, max(grace, UNREADABLE_S))
             self._scheduler.lower_room(name, 0, "engine")  # full until first read

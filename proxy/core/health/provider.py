@@ -48,6 +48,10 @@ class EgressProxy:
         return f"http://{host}:{self.port}"
 
 
+# How the engines that schedule by ``priority`` order it.
+PRIORITY_ORDER = {"vllm": "lower", "sglang": "higher"}
+
+
 @dataclass(frozen=True)
 class Provider:
     name: str
@@ -78,6 +82,4 @@ class Provider:
     def priority_order(self) -> str | None:
         """How the server orders by ``priority`` ("lower" or "higher" first), None where
         the field is not sent."""
-        if not self.priority:
-            return None
-        return {"vllm": "lower", "sglang": "higher"}.get(self.engine or "")
+        return PRIORITY_ORDER.get(self.engine or "") if self.priority else None

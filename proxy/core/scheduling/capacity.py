@@ -59,6 +59,13 @@ class Pool:
             return self.room_source
         return "429" if self.adaptive < self.max_concurrency else "configured"
 
+    @property
+    def slots(self) -> int:
+        """The slots it has, for a forecast: its ``max_concurrency``, or the room a server's
+        figures leave where that is less (a room of 0, figures stale, says nothing)."""
+        room = self.room
+        return int(room) if 1 <= room < self.max_concurrency else self.max_concurrency
+
     def set_room(self, room: float, source: str, now: float) -> None:
         """At most ``room`` calls at once from now (``math.inf``: no bound), by what
         ``source`` says; calls running above it keep their slots."""
@@ -88,7 +95,7 @@ class Pool:
         from calls already in flight walks it down to the concurrency that is real).
         Growth starts over: the probe above the real limit failed."""
         self._grow(now)
-        adaptive = self.adaptive
+        adaptive = min(self.adaptive, self.limit)  # from the limit in force, a room's too
         self.adaptive = max(min(1, adaptive), min(adaptive, max(-(-adaptive // 2), bore)))
         self._grow_at = now + GROW_EVERY_S if self.adaptive < self.max_concurrency else math.inf
         self.settle()

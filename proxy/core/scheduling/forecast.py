@@ -79,7 +79,7 @@ class Forecast:
         """``ticket``, queued now, blocks the later arrivals of its key (if it may)."""
         if self.typical_s is not None:
             seconds = chain_s(ticket, self.typical_s)
-            slots = sum(p.max_concurrency for p in pools)
+            slots = sum(p.slots for p in pools)
             backlog.arrived(ticket, now, gap_s(seconds, slots), seconds)
 
 
@@ -128,7 +128,7 @@ def forecast(ticket: Ticket, backlog: Backlog, gates: tuple[Gate, ...], pools: S
         expected = ticket.est_service_s / (2 * limit)
     certain_s = paused
     if typical_s is not None:
-        slots = sum(p.max_concurrency for p in pools)
+        slots = sum(p.slots for p in pools)
         mine = chain_s(ticket, typical_s)
         chained = backlog.chained(ticket, now, gap_s(mine, slots))
         ahead = chained / (slots if slots > 0 else 1) - mine

@@ -81,6 +81,9 @@ from .tracing import TRACE
 
 log = logging.getLogger(__name__)
 
+# What vLLM says (lower-cased) to a ``priority`` when started without priority scheduling.
+PRIORITY_REFUSED = b"priority scheduling"
+
 # The client's headers an upstream of each wire gets (a provider's anthropic-version is its
 # own: configured, never the client's).
 FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
@@ -102,6 +105,8 @@ class Exchange:
     lease: Lease | None = None  # the provider slot held across replicas (redis backend)
     semantic: Pending | None = None  # a semantic cache miss: its answer is kept
     translation: Translation | None = None  # the attempt's request, in another format
+    sent_priority: bool = False  # the attempt in flight carries the proxy's ``priority``
+    withheld_priority: bool = False  # a 400 said the server does not schedule by it
 
 
 class Forwarder:
@@ -399,8 +404,11 @@ class Forwarder:
             if call.stream and (direction is not None or _strips_usage(call)):
                 body["stream_options"] = {**(body.get("stream_options") or {}),
                                           "include_usage": True}
-            if provider.priority_order is not None:
-                self._prioritise(body, exchange, deployment, provider.priority_order)
+        exchange.sent_priority = False
+        if provider.priority_order is not None:
+            self._prioritise(body, exchange, deployment, provider.priority_order)
+        elif "priority" in body:
+            del body["priority"]  # only a server that schedules by it gets one, the proxy's
         # x-request-id only if the client sent one: some servers refuse one not a UUID.
         forwarded = {"x-client-request-id": request[REQUEST_ID]}
         if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
@@ -416,26 +424,36 @@ class Forwarder:
 
     def _prioritise(self, body: dict[str, object], exchange: Exchange,
                     deployment: Deployment, order: str) -> None:
-        """The call's tier as ``priority``, for a server that schedules by it (unless it
-        refused the field: then none, the client's own included)."""
-        if deployment.provider in self._engine.fleet.priority_refused:
-            body.pop("priority", None)
+        """The call's tier as ``priority``, for a server that schedules by it; none (the
+        client's own neither) where it refused the field, or for this call's attempt after
+        a 400 about it (``_refused_priority``)."""
+        body.pop("priority", None)
+        if (deployment.provider in self._engine.fleet.priority_refused
+                or exchange.withheld_priority):
             return
         index, name = self._tier(exchange)
         body["priority"] = deployment.priority(name, index, len(self._engine.tier_names), order)
+        exchange.sent_priority = True
 
-    def _refused_priority(self, deployment: Deployment, status: int, data: bytes) -> bool:
-        """A 400 about the ``priority`` the proxy sent: the server schedules without it
-        (started without priority scheduling). It is not sent there again."""
-        provider = self._engine.providers[deployment.provider]
-        if (status != 400 or provider.priority_order is None
-                or b"priority" not in data.lower()):
+    def _refused_priority(self, exchange: Exchange, status: int, data: bytes) -> bool:
+        """A 400 that says the server does not schedule by priority (vLLM: "Priority
+        scheduling is not enabled"), to an attempt that sent the field: the call goes again
+        without it. Only when that attempt is not refused the same way is the server held
+        to refuse the field (a client's own bad request may quote the words)."""
+        if (status != 400 or not exchange.sent_priority
+                or PRIORITY_REFUSED not in data.lower()):
             return False
-        if self._engine.fleet.refuse_priority(deployment.provider):
-            log.warning("provider %s refused the priority field (%s): sending its calls "
-                        "without it from now", deployment.provider,
-                        data[:200].decode("utf-8", "replace"))
+        exchange.withheld_priority = True
         return True
+
+    def _confirm_refusal(self, exchange: Exchange, deployment: Deployment, status: int) -> None:
+        """The attempt sent without ``priority`` after a 400 about it: answered otherwise,
+        the field was the fault; not sent to that server again, said once."""
+        if (exchange.withheld_priority and status != 400
+                and self._engine.fleet.refuse_priority(deployment.provider)):
+            log.warning("provider %s refused the priority field (started without priority "
+                        "scheduling): sending its calls without it from now",
+                        deployment.provider)
 
     async def _send(self, exchange: Exchange, endpoint: Endpoint,
                     deployment: Deployment) -> Result:
@@ -463,9 +481,11 @@ class Forwarder:
             fingerprint = exchange.fingerprint
             if fingerprint is not None:
                 headers["x-proxy-cache"] = "miss"
+            self._confirm_refusal(exchange, deployment, status)
             if not call.stream or status != 200:
                 data = await response.read()
-                if status == 400 and self._refused_priority(deployment, status, data):
+                if status == 400 and self._refused_priority(exchange, status, data):
+                    exchange.failure = web.Response(body=data, status=status, headers=headers)
                     return Result(DECLINED, status=status)
                 if direction is not None:
                     data = translate.answer(direction, data, status, call.prompt_tokens,

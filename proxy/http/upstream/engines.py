@@ -12,7 +12,8 @@
 One reader per server: one read in flight, each bounded by a timeout, on a timer and soon
 after an answer (``nudge``), never on a call's path; the figures go to the fleet
 (``Fleet.engine_read``), a failure too (``Fleet.engine_failed``): the core decides what
-they are worth.
+they are worth. A long page is parsed in a worker thread; llama.cpp's slots are asked
+again after a failed read or when its figures no longer fit them (a restart).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import aiohttp
 import orjson
@@ -32,9 +34,11 @@ from ...core.health.provider import Provider
 from .simulated import SimulatedUpstream
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 READ_TIMEOUT_S = 2.0  # one read's bound (at most the read interval)
-NUDGE_GAP_S = 0.1  # after an answer, a read at most this often
+NUDGE_GAP_S = 0.25  # after an answer, a read no sooner than this
+THREAD_BYTES = 64 * 1024  # a page longer than this is parsed in a worker thread
 PROPS_EVERY = 30  # llama.cpp: its slot count read again every this many reads
 
 # engine -> (running, waiting, KV use) metric names, first found wins for KV use.
@@ -86,6 +90,14 @@ def parse_metrics(engine: str, text: str) -> Figures:
                    kv_use=None if kv is None else min(max(kv, 0.0), 1.0))
 
 
+async def parse(engine: str, body: bytes) -> Figures:
+    """``parse_metrics`` of a page, in a worker thread when it is long (a vLLM with many
+    engines writes hundreds of kilobytes), so the event loop is not held up."""
+    if len(body) < THREAD_BYTES:
+        return parse_metrics(engine, body.decode("utf-8", "replace"))
+    return await asyncio.to_thread(parse_metrics, engine, body.decode("utf-8", "replace"))
+
+
 def parse_slots(data: bytes) -> tuple[int, int]:
     """(slots, slots processing) from llama.cpp's ``/slots``."""
     slots = orjson.loads(data)
@@ -123,6 +135,7 @@ class EngineReader:
         self._wake: asyncio.Future[bool] | None = None  # the pause between reads
         self._task: asyncio.Task[None] | None = None
         self._slots: int | None = None
+        self._props_due = False  # llama.cpp: its slots are asked again on the next read
         self._reads = 0
 
     def start(self) -> None:
@@ -154,9 +167,10 @@ class EngineReader:
                 reason = str(exc) or type(exc).__name__
                 if isinstance(exc, TimeoutError):
                     reason = f"no answer in {timeout:g} s"
-                self._on_failure(name, reason)
+                self._props_due = True  # restarted, perhaps: its slots asked again
+                self._told(self._on_failure, name, reason)
             else:
-                self._on_read(name, figures)
+                self._told(self._on_read, name, figures)
             wake = self._wake = loop.create_future()
             timer = loop.call_later(every, _settle, wake, False)
             try:
@@ -166,6 +180,14 @@ class EngineReader:
             if nudged:
                 await asyncio.sleep(NUDGE_GAP_S)
 
+    @staticmethod
+    def _told(callback: Callable[[str, T], None], name: str, what: T) -> None:
+        """A reading told to the fleet; a fault there is logged, and the reads go on."""
+        try:
+            callback(name, what)
+        except Exception:  # the reader must outlive a fault in what it reports to
+            log.exception("provider %s: acting on its server's figures failed", name)
+
     async def read(self) -> Figures:
         engine = self._engine
         if self._simulated is not None:
@@ -174,25 +196,31 @@ class EngineReader:
             status, body = await self._get("/metrics")
             if status != 200:
                 raise Unreadable(f"/metrics answered {status}")
-            return parse_metrics(engine, body.decode("utf-8", "replace"))
+            return await parse(engine, body)
         return await self._read_llama()
 
     async def _read_llama(self) -> Figures:
         self._reads += 1
-        if self._slots is None or self._reads % PROPS_EVERY == 0:
+        if self._slots is None or self._props_due or self._reads % PROPS_EVERY == 0:
             status, body = await self._get("/props")
-            if status == 200:
-                self._slots = parse_props(body)
+            if status != 200:
+                raise Unreadable(f"/props answered {status}")
+            self._slots, self._props_due = parse_props(body), False
         status, body = await self._get("/metrics")
         if status == 200:
-            found = parse_metrics("llama.cpp", body.decode("utf-8", "replace"))
-            return Figures(found.running, found.waiting, self._slots, found.kv_use)
-        status, body = await self._get("/slots")
-        if status != 200:
-            raise Unreadable("neither /metrics nor /slots answers (start llama-server with "
-                             "--metrics, or without --no-slots)")
-        slots, processing = parse_slots(body)
-        return Figures(processing, 0, self._slots or slots)
+            found = await parse(self._engine, body)
+            figures = Figures(found.running, found.waiting, self._slots, found.kv_use)
+        else:
+            status, body = await self._get("/slots")
+            if status != 200:
+                raise Unreadable("neither /metrics nor /slots answers (start llama-server "
+                                 "with --metrics, or without --no-slots)")
+            slots, processing = parse_slots(body)
+            figures = Figures(processing, 0, slots)
+        # Calls waiting, or more running than the slots it said: it may have restarted
+        # with other slots; they are asked again on the next read.
+        self._props_due = figures.waiting > 0 or figures.running > (self._slots or 0)
+        return figures
 
     async def _get(self, path: str) -> tuple[int, bytes]:
         async with self._session.get(self._root + path, headers=self._headers,
@@ -248,9 +276,8 @@ class Readers:
             reader.nudge()
 
     async def close(self) -> None:
-        for reader in self._readers.values():
-            await reader.close()
+        await asyncio.gather(*(reader.close() for reader in self._readers.values()),
+                             *self._retiring, return_exceptions=True)
         self._readers.clear()
-        await asyncio.gather(*self._retiring)
         if self._session is not None:
             await self._session.close()
