@@ -21,6 +21,7 @@ validation errors do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ class FakeEngine:
     others: int = 0  # slots taken by clients the proxy does not see
     metrics: bool = True  # False: /metrics answers 404 (llama-server without --metrics)
     broken: bool = False  # True: every page answers 500
+    padding: int = 0  # bytes of comment lines after the figures on /metrics
+    chunked: bool = False  # True: /metrics streamed, its length not said
     slow_per_running_s: float = 0.0  # each call is this much slower per call running
     received: list[tuple[int | None, str]] = field(default_factory=list)  # (priority, text)
     started: list[int | None] = field(default_factory=list)  # priorities, in start order
@@ -158,7 +161,18 @@ class FakeEngine:
                     "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
                     "# TYPE llamacpp:requests_deferred gauge\n"
                     f"llamacpp:requests_deferred {waiting}\n")
-        return web.Response(text=text, content_type="text/plain")
+        if self.padding:
+            text += ("# " + "x" * 1021 + "\n") * (self.padding // 1024)
+        if not self.chunked:
+            return web.Response(text=text, content_type="text/plain")
+        response = web.StreamResponse(headers={"content-type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        data = text.encode()
+        with contextlib.suppress(ConnectionError):  # the reader may stop reading
+            for at in range(0, len(data), 1024 * 1024):
+                await response.write(data[at:at + 1024 * 1024])
+        return response
 
     async def props(self, request: web.Request) -> web.Response:
         self._check()

@@ -238,3 +238,19 @@ async def test_an_unreadable_server_falls_back_and_says_so(
     fake.broken = False
     await until(lambda: provider_status(service, "gpu")["limit_source"] == "engine")
     assert provider_status(service, "gpu")["engine"]["readable"] is True
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_page_past_its_bound_is_not_read_and_the_server_counts_as_unreadable(
+        aiohttp_server: Factory, counter: TokenCounter,
+        monkeypatch: pytest.MonkeyPatch, chunked: bool) -> None:
+    """A /metrics of 17 MiB (a wrong base_url, a server gone mad): not held in memory,
+    whether it says its length or streams it; the server falls back as if unreadable."""
+    monkeypatch.setattr(fleet, "GRACE_MIN_S", 0.3)
+    monkeypatch.setattr(fleet, "UNREADABLE_S", 1.0)
+    fake = FakeEngine("vllm", slots=4, padding=17 * 1024 * 1024, chunked=chunked)
+    _, service = await start(aiohttp_server, counter, {"gpu": fake})
+    await until(lambda: provider_status(service, "gpu")["limit_source"] == "latency")
+    assert "longer than 16 MiB" in provider_status(service, "gpu")["engine"]["error"]
+    fake.padding = 0
+    await until(lambda: provider_status(service, "gpu")["limit_source"] == "engine")

@@ -39,6 +39,7 @@ T = TypeVar("T")
 READ_TIMEOUT_S = 2.0  # one read's bound (at most the read interval)
 NUDGE_GAP_S = 0.25  # after an answer, a read no sooner than this
 THREAD_BYTES = 64 * 1024  # a page longer than this is parsed in a worker thread
+PAGE_BYTES = 16 * 1024 * 1024  # a page longer than this is not read: the server unreadable
 PROPS_EVERY = 30  # llama.cpp: its slot count read again every this many reads
 
 # engine -> (running, waiting, KV use) metric names, first found wins for KV use.
@@ -225,7 +226,15 @@ class EngineReader:
     async def _get(self, path: str) -> tuple[int, bytes]:
         async with self._session.get(self._root + path, headers=self._headers,
                                      allow_redirects=False) as response:
-            return response.status, await response.read()
+            too_long = Unreadable(f"{path} is longer than {PAGE_BYTES // 2**20} MiB")
+            if (response.content_length or 0) > PAGE_BYTES:
+                raise too_long
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(THREAD_BYTES):
+                body += chunk
+                if len(body) > PAGE_BYTES:
+                    raise too_long
+            return response.status, bytes(body)
 
 
 def _settle(wake: asyncio.Future[bool], nudged: bool) -> None:
