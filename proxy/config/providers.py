@@ -56,7 +56,7 @@ def parse_providers(root: Node, warnings: list[str]) -> tuple[dict[str, Provider
         priority = node.boolean("priority", True)
         if node.has("priority") and engine not in ("vllm", "sglang"):
             fail(f"{path}.priority", "only applies to engine vllm or sglang")
-        read_every_s = node.number("read_every_s", 1.0, positive=True, maximum=60.0)
+        read_every_s = node.number("read_every_s", 1.0, minimum=0.1, maximum=60.0)
         if node.has("read_every_s") and engine is None:
             fail(f"{path}.read_every_s", "only applies with an engine")
         timeouts_node = node.node("timeouts")
