@@ -28,16 +28,11 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from .backlog import Backlog
 from .capacity import Capacity, Gate, Pool, all_down, first_open
-from .charges import Charges
-from .floors import Floors
 from .forecast import Forecast, forecast, starts
 from .generations import TierMaps
-from .headroom import Headroom
-from .policy import HOLD_PATIENCE, Policy
-from .queues import TicketQueues
-from .shares import KeyStats, KeyTags
+from .parts import Parts, build, reload
+from .policy import HOLD_PATIENCE
 from .tickets import (
     CANCELLED,
     DISPATCHED,
@@ -53,11 +48,6 @@ from .tickets import (
     TicketState,
     TierSpec,
 )
-
-# A level's oldest call waits at most this fraction of its tier's max_wait_s before the
-# level stands one up (or promote_after_s, if that is sooner): shorter calls go first, but a
-# long call of an urgent tier is not kept waiting long behind them.
-LEVEL_AGING = 0.02
 
 __all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
            "SchedulerSettings", "Ticket", "TicketState", "TierSpec"]
@@ -75,66 +65,25 @@ class Scheduler:
             self._capacity.add_pool(name, limit)
         for deployment, pool in (deployments or {}).items():
             self._capacity.add_gate(deployment, pool)
-        self._build(settings)
+        self._use(build(settings, self._capacity))
         self._out = Decisions()
         self._orders = itertools.count()  # arrival order
         self._running: dict[Ticket, None] = {}  # holding a slot
         self._tier_maps = TierMaps()
 
-    def _build(self, settings: SchedulerSettings) -> None:
-        """The queues and the policy's state for ``settings`` (empty: nothing queued)."""
-        self._settings = settings
-        self._tiers = settings.tiers
-        count = len(settings.tiers)
-        promote = settings.tier_promote_after_s
-        stats = KeyStats(count)
-        self._queues = TicketQueues(
-            count, settings.levels,
-            [[min(after, LEVEL_AGING * t.max_wait_s) for after in settings.promote_after_s]
-             for t in settings.tiers],
-            [promote if promote is not None and promote < t.max_wait_s else math.inf
-             for t in settings.tiers],
-            self._capacity.gates_by_pool,
-            Backlog(count, settings.levels),
-            stats.queued,
-        )
-        weights = [t.weight for t in settings.tiers]
-        self._floors = Floors(weights)
-        self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
-                                  self._floors.shares, settings.headroom_budget)
-        self._policy = Policy(settings, self._queues, self._floors, self._headroom)
-        self._queues.on_emptied = self._policy.emptied
-        self._charges = Charges(self._policy, self._queues, self._floors, self._headroom,
-                                KeyTags(count), stats)
+    def _use(self, parts: Parts) -> None:
+        """The queues and the policy's state in force (``parts``)."""
+        self._parts = parts
+        (self._settings, self._queues, self._floors, self._headroom, self._policy,
+         self._charges) = parts
+        self._tiers = parts.settings.tiers
 
     def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
                     deployments: Mapping[str, str], tier_map: Sequence[int],
                     now: float) -> None:
-        """A new configuration (a reload) losing no call: ``tier_map[i]`` is the new index
-        of old tier ``i``. Queued calls keep their arrival order, deadline, level and
-        candidates; running calls keep their slots. Providers and deployments are only
-        added (what a call still names keeps its limit, pauses and gates); ``pools`` sets
-        each one's maximum. Floors, keys' shares (from the calls queued, in arrival order) and
-        headroom history start over."""
-        if len(tier_map) != len(self._tiers) or not all(
-                0 <= t < len(settings.tiers) for t in tier_map):
-            raise ValueError("tier_map must give every old tier a new one")
-        queued = list(self._queues)
-        means = self._policy.means
-        self._build(settings)
-        self._policy.means.update(means)
-        self._tier_maps.add(tier_map)
-        for ticket in [*queued, *self._running]:
-            self._tier_maps.bring_up(ticket, settings.levels)
-        self._charges.retag(queued, self._running, {
-            t: self._capacity.gates_and_pools(t.candidates)[1][0].name for t in queued})
-        self._capacity.recount(len(settings.tiers), self._running)
-        for name, limit in pools.items():
-            self._capacity.set_max(name, limit, now)
-        for deployment, pool in deployments.items():
-            self._capacity.add_gate(deployment, pool)
-        for ticket in queued:
-            self._queues.add(ticket)
+        """A new configuration (a reload) losing no call (``parts.reload``)."""
+        self._use(reload(self._parts, settings, tier_map, self._tier_maps, self._running,
+                         self._capacity, pools, deployments, now))
         self._fill_all(now)
 
     @property
