@@ -29,10 +29,11 @@ import math
 from collections.abc import Mapping, Sequence
 
 from .capacity import Capacity, Gate, Pool, all_down, first_open
-from .forecast import Forecast, forecast, starts
+from .forecast import Forecast, forecast
 from .generations import TierMaps
 from .parts import Parts, build, reload
 from .policy import HOLD_PATIENCE
+from .status import status
 from .tickets import (
     CANCELLED,
     DISPATCHED,
@@ -318,21 +319,8 @@ class Scheduler:
         return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
-        keys = self._charges.stats.snapshot(now)
-        for (tier, key), (soonest, latest) in starts(self._queues, now).items():
-            shown = keys[tier].get(key or "(none)")
-            if shown is not None:
-                shown["starts_in_s"] = {"soonest": round(soonest, 3), "latest": round(latest, 3)}
-        tiers = [{"name": spec.name, "weight": self._floors.weights[i],
-                  **self._queues.snapshot(i, now), "keys": keys[i]}
-                 for i, spec in enumerate(self._tiers)]
-        providers = {
-            name: {**pool.snapshot(now), "held_back": self._policy.held(pool, now),
-                   "floor_credit_s": self._floors.snapshot(name),
-                   "mean_service_s": self._policy.mean_service(name)}
-            for name, pool in self._pools.items()
-        }
-        return {"queued": self._queues.queued, "tiers": tiers, "providers": providers}
+        """What ``/admin/status`` shows of it (``status``)."""
+        return status(self._parts, self._pools, now)
 
     # --- the policy ---------------------------------------------------------------------
 
