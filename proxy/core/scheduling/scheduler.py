@@ -225,21 +225,14 @@ class Scheduler:
         self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
     def set_room(self, pool: str, room: float, source: str, now: float) -> None:
-        """At most ``room`` of the provider's calls at once (``math.inf``: no bound), by a
-        self-hosted server's own figures (``source`` "engine") or its latency ("latency");
-        calls running above it keep their slots until released."""
-        found = self._pools[self._capacity.known_pool(pool)]
-        if found.room != room or found.room_source != source:
-            found.set_room(room, source, now)
+        """A provider's room (``Capacity.set_room``); what a change frees is handed out."""
+        found = self._capacity.set_room(pool, room, source, now)
+        if found is not None:
             self._fill(found, now)
 
     def lower_room(self, pool: str, room: float, source: str) -> None:
-        """``set_room`` for a room no higher than the one in force (a provider just
-        configured): nothing is handed out, so no time is needed."""
-        found = self._pools[self._capacity.known_pool(pool)]
-        if room < found.room:
-            found.room, found.room_source = room, source
-            found.settle()
+        """``Capacity.lower_room``: nothing is handed out, so no time is needed."""
+        self._capacity.lower_room(pool, room, source)
 
     def limit_source(self, pool: str) -> str:
         """What holds the provider's limit now (``Pool.limit_source``)."""
@@ -251,22 +244,14 @@ class Scheduler:
         self._fill(self._capacity.cut(pool, now, bore), now)
 
     def pause(self, target: str, until: float, now: float) -> None:
-        """Send nothing through a provider (its name) or a deployment until ``until``; a
-        later pause never shortens an earlier one. Queued calls keep their place."""
-        if target in self._pools:
-            gate_or_pool: Pool | Gate = self._pools[target]
-        else:
-            gate_or_pool = self._gates[self._capacity.known_gate(target)]
-        gate_or_pool.paused_until = max(gate_or_pool.paused_until, until)
+        """``Capacity.pause``; queued calls keep their place."""
+        self._capacity.pause(target, until)
         self._fill_all(now)
 
     def set_down(self, deployment: str, until: float, probes: int, now: float) -> None:
-        """The deployment's breaker opened: nothing goes through it until ``until``, then at
-        most ``probes`` calls at once until ``set_up``. Queued calls with no other live
-        candidate are refused now (``upstream_unavailable``)."""
-        gate = self._gates[self._capacity.known_gate(deployment)]
-        gate.down_until = until
-        gate.probes = probes
+        """The deployment's breaker opened (``Capacity.set_down``). Queued calls with no
+        other live candidate are refused now (``upstream_unavailable``)."""
+        self._capacity.set_down(deployment, until, probes)
         for ticket in self._queues:
             if deployment in ticket.candidates and all(
                     self._gates[d].down(now) for d in ticket.candidates):
@@ -274,11 +259,8 @@ class Scheduler:
         self._fill_all(now)
 
     def set_up(self, deployment: str, now: float) -> None:
-        """The deployment's breaker closed: no probe limit any more."""
-        gate = self._gates[self._capacity.known_gate(deployment)]
-        gate.down_until = -math.inf
-        gate.probes = None
-        self._fill(gate.pool, now)
+        """The deployment's breaker closed (``Capacity.set_up``)."""
+        self._fill(self._capacity.set_up(deployment), now)
 
     def set_policy(self, weights: Mapping[int, float] | None, reserves: Mapping[int, int] | None,
                    now: float) -> None:
