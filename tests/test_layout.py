@@ -142,7 +142,7 @@ def test_every_module_of_the_driver_is_in_a_room() -> None:
 def test_the_static_check_resolves_relative_imports(tmp_path: Path) -> None:
     path = PACKAGE / "core" / "scheduling" / "scheduler.py"
     modules = {module for _, module in proxy_imports(path)}
-    assert "proxy.core.scheduling.headroom" in modules
+    assert "proxy.core.scheduling.capacity" in modules
 
 
 # The pure core's packages by concern, and the few plain modules every one of them uses.

@@ -218,6 +218,47 @@ class Capacity:
         pool.cut(now, bore)
         return pool
 
+    def set_room(self, name: str, room: float, source: str, now: float) -> Pool | None:
+        """At most ``room`` of the provider's calls at once (``math.inf``: no bound), by a
+        self-hosted server's own figures (``source`` "engine") or its latency ("latency");
+        calls running above it keep their slots until released. The pool, if it changed."""
+        pool = self.pools[self.known_pool(name)]
+        if pool.room != room or pool.room_source != source:
+            pool.set_room(room, source, now)
+            return pool
+        return None
+
+    def lower_room(self, name: str, room: float, source: str) -> None:
+        """``set_room`` for a room no higher than the one in force (a provider just
+        configured)."""
+        pool = self.pools[self.known_pool(name)]
+        if room < pool.room:
+            pool.room, pool.room_source = room, source
+            pool.settle()
+
+    def pause(self, target: str, until: float) -> None:
+        """Send nothing through a provider (its name) or a deployment until ``until``; a
+        later pause never shortens an earlier one."""
+        if target in self.pools:
+            gate_or_pool: Pool | Gate = self.pools[target]
+        else:
+            gate_or_pool = self.gates[self.known_gate(target)]
+        gate_or_pool.paused_until = max(gate_or_pool.paused_until, until)
+
+    def set_down(self, deployment: str, until: float, probes: int) -> None:
+        """The deployment's breaker opened: nothing goes through it until ``until``, then at
+        most ``probes`` calls at once until ``set_up``."""
+        gate = self.gates[self.known_gate(deployment)]
+        gate.down_until = until
+        gate.probes = probes
+
+    def set_up(self, deployment: str) -> Pool:
+        """The deployment's breaker closed: no probe limit any more. Its pool."""
+        gate = self.gates[self.known_gate(deployment)]
+        gate.down_until = -math.inf
+        gate.probes = None
+        return gate.pool
+
     def recount(self, tiers: int, running: Iterable[Ticket]) -> None:
         """A new number of tiers (a reload): the calls running per tier, counted again
         from the ``running`` tickets, their tiers already renumbered."""

@@ -20,7 +20,7 @@ For each free slot of a provider, among the calls that may use it:
    level the key with the earliest virtual start (``shares``), so keys share
    the tier by weight; a level stands one higher each time its oldest call has waited
    ``promote_after_s[level]`` or ``LEVEL_AGING`` of its tier's ``max_wait_s``, whichever
-   is sooner (``scheduler``), and is served there in its own order, so aging
+   is sooner (``parts``), and is served there in its own order, so aging
    never puts one key's old calls ahead of another key's fresh ones of the same size; a
    call moves up one tier after ``tier_promote_after_s`` (off by default), once, never
    above its ``ceiling``.

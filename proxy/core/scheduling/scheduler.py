@@ -28,16 +28,12 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from .backlog import Backlog
 from .capacity import Capacity, Gate, Pool, all_down, first_open
-from .charges import Charges
-from .floors import Floors
-from .forecast import Forecast, forecast, starts
+from .forecast import Forecast, forecast
 from .generations import TierMaps
-from .headroom import Headroom
-from .policy import HOLD_PATIENCE, Policy
-from .queues import TicketQueues
-from .shares import KeyStats, KeyTags
+from .parts import Parts, build, reload
+from .policy import HOLD_PATIENCE
+from .status import status
 from .tickets import (
     CANCELLED,
     DISPATCHED,
@@ -53,11 +49,6 @@ from .tickets import (
     TicketState,
     TierSpec,
 )
-
-# A level's oldest call waits at most this fraction of its tier's max_wait_s before the
-# level stands one up (or promote_after_s, if that is sooner): shorter calls go first, but a
-# long call of an urgent tier is not kept waiting long behind them.
-LEVEL_AGING = 0.02
 
 __all__ = ["HOLD_PATIENCE", "Decisions", "Dispatch", "Rejection", "Scheduler",
            "SchedulerSettings", "Ticket", "TicketState", "TierSpec"]
@@ -75,66 +66,25 @@ class Scheduler:
             self._capacity.add_pool(name, limit)
         for deployment, pool in (deployments or {}).items():
             self._capacity.add_gate(deployment, pool)
-        self._build(settings)
+        self._use(build(settings, self._capacity))
         self._out = Decisions()
         self._orders = itertools.count()  # arrival order
         self._running: dict[Ticket, None] = {}  # holding a slot
         self._tier_maps = TierMaps()
 
-    def _build(self, settings: SchedulerSettings) -> None:
-        """The queues and the policy's state for ``settings`` (empty: nothing queued)."""
-        self._settings = settings
-        self._tiers = settings.tiers
-        count = len(settings.tiers)
-        promote = settings.tier_promote_after_s
-        stats = KeyStats(count)
-        self._queues = TicketQueues(
-            count, settings.levels,
-            [[min(after, LEVEL_AGING * t.max_wait_s) for after in settings.promote_after_s]
-             for t in settings.tiers],
-            [promote if promote is not None and promote < t.max_wait_s else math.inf
-             for t in settings.tiers],
-            self._capacity.gates_by_pool,
-            Backlog(count, settings.levels),
-            stats.queued,
-        )
-        weights = [t.weight for t in settings.tiers]
-        self._floors = Floors(weights)
-        self._headroom = Headroom(count, settings.headroom_spread, settings.headroom_horizon_s,
-                                  self._floors.shares, settings.headroom_budget)
-        self._policy = Policy(settings, self._queues, self._floors, self._headroom)
-        self._queues.on_emptied = self._policy.emptied
-        self._charges = Charges(self._policy, self._queues, self._floors, self._headroom,
-                                KeyTags(count), stats)
+    def _use(self, parts: Parts) -> None:
+        """The queues and the policy's state in force (``parts``)."""
+        self._parts = parts
+        (self._settings, self._queues, self._floors, self._headroom, self._policy,
+         self._charges) = parts
+        self._tiers = parts.settings.tiers
 
     def reconfigure(self, settings: SchedulerSettings, pools: Mapping[str, int],
                     deployments: Mapping[str, str], tier_map: Sequence[int],
                     now: float) -> None:
-        """A new configuration (a reload) losing no call: ``tier_map[i]`` is the new index
-        of old tier ``i``. Queued calls keep their arrival order, deadline, level and
-        candidates; running calls keep their slots. Providers and deployments are only
-        added (what a call still names keeps its limit, pauses and gates); ``pools`` sets
-        each one's maximum. Floors, keys' shares (from the calls queued, in arrival order) and
-        headroom history start over."""
-        if len(tier_map) != len(self._tiers) or not all(
-                0 <= t < len(settings.tiers) for t in tier_map):
-            raise ValueError("tier_map must give every old tier a new one")
-        queued = list(self._queues)
-        means = self._policy.means
-        self._build(settings)
-        self._policy.means.update(means)
-        self._tier_maps.add(tier_map)
-        for ticket in [*queued, *self._running]:
-            self._tier_maps.bring_up(ticket, settings.levels)
-        self._charges.retag(queued, self._running, {
-            t: self._capacity.gates_and_pools(t.candidates)[1][0].name for t in queued})
-        self._capacity.recount(len(settings.tiers), self._running)
-        for name, limit in pools.items():
-            self._capacity.set_max(name, limit, now)
-        for deployment, pool in deployments.items():
-            self._capacity.add_gate(deployment, pool)
-        for ticket in queued:
-            self._queues.add(ticket)
+        """A new configuration (a reload) losing no call (``parts.reload``)."""
+        self._use(reload(self._parts, settings, tier_map, self._tier_maps, self._running,
+                         self._capacity, pools, deployments, now))
         self._fill_all(now)
 
     @property
@@ -275,21 +225,14 @@ class Scheduler:
         self._fill(self._capacity.set_max(pool, max_concurrency, now), now)
 
     def set_room(self, pool: str, room: float, source: str, now: float) -> None:
-        """At most ``room`` of the provider's calls at once (``math.inf``: no bound), by a
-        self-hosted server's own figures (``source`` "engine") or its latency ("latency");
-        calls running above it keep their slots until released."""
-        found = self._pools[self._capacity.known_pool(pool)]
-        if found.room != room or found.room_source != source:
-            found.set_room(room, source, now)
+        """A provider's room (``Capacity.set_room``); what a change frees is handed out."""
+        found = self._capacity.set_room(pool, room, source, now)
+        if found is not None:
             self._fill(found, now)
 
     def lower_room(self, pool: str, room: float, source: str) -> None:
-        """``set_room`` for a room no higher than the one in force (a provider just
-        configured): nothing is handed out, so no time is needed."""
-        found = self._pools[self._capacity.known_pool(pool)]
-        if room < found.room:
-            found.room, found.room_source = room, source
-            found.settle()
+        """``Capacity.lower_room``: nothing is handed out, so no time is needed."""
+        self._capacity.lower_room(pool, room, source)
 
     def limit_source(self, pool: str) -> str:
         """What holds the provider's limit now (``Pool.limit_source``)."""
@@ -301,22 +244,14 @@ class Scheduler:
         self._fill(self._capacity.cut(pool, now, bore), now)
 
     def pause(self, target: str, until: float, now: float) -> None:
-        """Send nothing through a provider (its name) or a deployment until ``until``; a
-        later pause never shortens an earlier one. Queued calls keep their place."""
-        if target in self._pools:
-            gate_or_pool: Pool | Gate = self._pools[target]
-        else:
-            gate_or_pool = self._gates[self._capacity.known_gate(target)]
-        gate_or_pool.paused_until = max(gate_or_pool.paused_until, until)
+        """``Capacity.pause``; queued calls keep their place."""
+        self._capacity.pause(target, until)
         self._fill_all(now)
 
     def set_down(self, deployment: str, until: float, probes: int, now: float) -> None:
-        """The deployment's breaker opened: nothing goes through it until ``until``, then at
-        most ``probes`` calls at once until ``set_up``. Queued calls with no other live
-        candidate are refused now (``upstream_unavailable``)."""
-        gate = self._gates[self._capacity.known_gate(deployment)]
-        gate.down_until = until
-        gate.probes = probes
+        """The deployment's breaker opened (``Capacity.set_down``). Queued calls with no
+        other live candidate are refused now (``upstream_unavailable``)."""
+        self._capacity.set_down(deployment, until, probes)
         for ticket in self._queues:
             if deployment in ticket.candidates and all(
                     self._gates[d].down(now) for d in ticket.candidates):
@@ -324,11 +259,8 @@ class Scheduler:
         self._fill_all(now)
 
     def set_up(self, deployment: str, now: float) -> None:
-        """The deployment's breaker closed: no probe limit any more."""
-        gate = self._gates[self._capacity.known_gate(deployment)]
-        gate.down_until = -math.inf
-        gate.probes = None
-        self._fill(gate.pool, now)
+        """The deployment's breaker closed (``Capacity.set_up``)."""
+        self._fill(self._capacity.set_up(deployment), now)
 
     def set_policy(self, weights: Mapping[int, float] | None, reserves: Mapping[int, int] | None,
                    now: float) -> None:
@@ -369,21 +301,8 @@ class Scheduler:
         return self._capacity.expected_wait_s(deployment, ahead_s, service_s, now)
 
     def snapshot(self, now: float) -> dict[str, object]:
-        keys = self._charges.stats.snapshot(now)
-        for (tier, key), (soonest, latest) in starts(self._queues, now).items():
-            shown = keys[tier].get(key or "(none)")
-            if shown is not None:
-                shown["starts_in_s"] = {"soonest": round(soonest, 3), "latest": round(latest, 3)}
-        tiers = [{"name": spec.name, "weight": self._floors.weights[i],
-                  **self._queues.snapshot(i, now), "keys": keys[i]}
-                 for i, spec in enumerate(self._tiers)]
-        providers = {
-            name: {**pool.snapshot(now), "held_back": self._policy.held(pool, now),
-                   "floor_credit_s": self._floors.snapshot(name),
-                   "mean_service_s": self._policy.mean_service(name)}
-            for name, pool in self._pools.items()
-        }
-        return {"queued": self._queues.queued, "tiers": tiers, "providers": providers}
+        """What ``/admin/status`` shows of it (``status``)."""
+        return status(self._parts, self._pools, now)
 
     # --- the policy ---------------------------------------------------------------------
 

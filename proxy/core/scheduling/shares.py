@@ -91,7 +91,7 @@ class KeyStats:
 
     def snapshot(self, now: float) -> list[dict[str, dict[str, object]]]:
         """Per tier, its keys (the busiest ``SHOWN_KEYS``): ``queued``, ``share`` of the
-        tier's recent slot-seconds, ``served_s`` and ``mean_wait_s`` (``Scheduler``
+        tier's recent slot-seconds, ``served_s`` and ``mean_wait_s`` (``status``
         adds ``starts_in_s``)."""
         tiers: list[list[tuple[str, list[float], float]]] = [[] for _ in range(self._tiers)]
         for (tier, key), stats in list(self._stats.items()):
