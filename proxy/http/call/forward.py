@@ -74,9 +74,10 @@ from .budget import BudgetGate
 from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
 from .hits import CacheHits
 from .homes import Homes
-from .relay import MessagesTally, StreamTally, Tally, answer_headers, relay, usage_counts
+from .relay import answer_headers, relay, usage_counts
 from .replicas import Replicas
 from .semantic_cache import Pending, SemanticCache
+from .tally import MessagesTally, StreamTally, Tally
 from .tracing import TRACE
 
 log = logging.getLogger(__name__)
