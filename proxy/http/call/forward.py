@@ -16,7 +16,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
@@ -37,7 +36,6 @@ from ...core.call.commands import (
     Send,
     Wait,
 )
-from ...core.call.plan import Plan
 from ...core.call.retry import parse_retry_after
 from ...core.call.route import Deployment
 from ...core.call.tokens import TokenCounter
@@ -45,7 +43,6 @@ from ...core.clock import Clock
 from ...core.engine import Engine
 from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown, UpstreamError
 from ...core.formats.endpoints import COUNT_TOKENS_PATH, ENDPOINTS, Endpoint
-from ...core.formats.events import Translation
 from ...core.formats.request import Call, count_message_tokens
 from ...core.formats.wires import MESSAGES_PATH, WIRE_OF, translation
 from ...core.health.fleet import (
@@ -59,7 +56,6 @@ from ...core.health.fleet import (
 )
 from ...core.health.provider import Provider
 from ...core.scheduling.scheduler import Rejection
-from ...state.base import Lease
 from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
 from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call, upstream_headers
@@ -72,11 +68,12 @@ from .admission import Admission
 from .auth import ON_BEHALF, Authenticator
 from .budget import BudgetGate
 from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
+from .exchange import Exchange
 from .hits import CacheHits
 from .homes import Homes
 from .relay import answer_headers, relay, usage_counts
 from .replicas import Replicas
-from .semantic_cache import Pending, SemanticCache
+from .semantic_cache import SemanticCache
 from .tally import MessagesTally, StreamTally, Tally
 from .tracing import TRACE
 
@@ -90,24 +87,6 @@ PRIORITY_REFUSED = b"priority scheduling"
 FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
                              "messages": ("anthropic-beta", "user-agent")}
 OVERLOADED_STATUS = 529  # Anthropic's overloaded_error
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One call's state on the HTTP side, the driver's alone: what the client will get,
-    once there is something, and what the attempt in flight holds."""
-
-    request: Incoming
-    plan: Plan
-    attempts: Attempts
-    answer: web.StreamResponse | None = None
-    failure: web.Response | None = None  # the last upstream failure, kept to pass through
-    fingerprint: bytes | None = None  # a cacheable call that missed: its answer is kept
-    lease: Lease | None = None  # the provider slot held across replicas (redis backend)
-    semantic: Pending | None = None  # a semantic cache miss: its answer is kept
-    translation: Translation | None = None  # the attempt's request, in another format
-    sent_priority: bool = False  # the attempt in flight carries the proxy's ``priority``
-    withheld_priority: bool = False  # a 400 said the server does not schedule by it
 
 
 class Forwarder:
@@ -256,14 +235,6 @@ class Forwarder:
         if reservation is not None or exchange.plan.caller in self._budgets.book.budgets:
             self._budgets.settle(attempts, reservation, deployment, cost)
 
-    def _tier(self, exchange: Exchange) -> tuple[int, str]:
-        """The call's tier now (index, name): a reload may have moved it since it arrived."""
-        ticket = exchange.attempts.ticket
-        tier = exchange.plan.tier if ticket is None else ticket.tier
-        names = self._engine.tier_names
-        return (tier, names[tier]) if tier < len(names) else (
-            exchange.plan.tier, exchange.plan.tier_name)
-
     async def _drive(self, exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse:
         attempts, clock, admission = exchange.attempts, self._clock, self._admission
         metrics, request = self._metrics, exchange.request
@@ -286,7 +257,7 @@ class Forwarder:
                         command = attempts.refused(decision.code, decision.retry_after_s, now,
                                                    decision.message)
                         continue
-                    tier_name = self._tier(exchange)[1]
+                    tier_name = exchange.tier(self._engine.tier_names)[1]
                     request[RECORD].tier = tier_name
                     waited = ticket.dispatched_at - ticket.queued_at
                     metrics.queue_wait.get(tier_name).observe(waited)
@@ -392,7 +363,7 @@ class Forwarder:
         elif wire == "messages":
             path = MESSAGES_PATH
         if wire == "openai":
-            tier = self._tier(exchange)[0]
+            tier = exchange.tier(self._engine.tier_names)[0]
             service_tier = upstream_service_tier(call.service_tier, tier)
             if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
                 body["service_tier"] = exchange.attempts.service_tier
@@ -432,7 +403,7 @@ class Forwarder:
         if (deployment.provider in self._engine.fleet.priority_refused
                 or exchange.withheld_priority):
             return
-        index, name = self._tier(exchange)
+        index, name = exchange.tier(self._engine.tier_names)
         body["priority"] = deployment.priority(name, index, len(self._engine.tier_names), order)
         exchange.sent_priority = True
 
@@ -475,8 +446,8 @@ class Forwarder:
             status = response.status
             if status in (429, 498) or status >= 500 or status in (401, 403):
                 return await self._upstream_failure(exchange, response, deployment, direction)
-            headers = answer_headers(request, self._tier(exchange)[1], exchange.attempts,
-                                     deployment, response)
+            headers = answer_headers(request, exchange.tier(self._engine.tier_names)[1],
+                                     exchange.attempts, deployment, response)
             if exchange.translation is not None:
                 headers.update(translate.translation_headers(exchange.translation))
             fingerprint = exchange.fingerprint
@@ -566,7 +537,7 @@ class Forwarder:
             return Result(THROTTLED, status=status, retry_after_s=retry_after)
         headers = upstream_headers(response.headers, error=True)
         headers["x-proxy-upstream"] = deployment.id
-        headers["x-proxy-tier"] = self._tier(exchange)[1]
+        headers["x-proxy-tier"] = exchange.tier(self._engine.tier_names)[1]
         if direction is not None:
             body = translate.answer(direction, body, status, 0,
                                     exchange.request[REQUEST_ID])
