@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
@@ -71,16 +70,12 @@ from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_
 from .exchange import Exchange
 from .hits import CacheHits
 from .homes import Homes
+from .priority import confirm_refusal, prioritise, refused_priority
 from .relay import answer_headers, relay, usage_counts
 from .replicas import Replicas
 from .semantic_cache import SemanticCache
 from .tally import MessagesTally, StreamTally, Tally
 from .tracing import TRACE
-
-log = logging.getLogger(__name__)
-
-# What vLLM says (lower-cased) to a ``priority`` when started without priority scheduling.
-PRIORITY_REFUSED = b"priority scheduling"
 
 # The client's headers an upstream of each wire gets (a provider's anthropic-version is its
 # own: configured, never the client's).
@@ -378,7 +373,7 @@ class Forwarder:
                                           "include_usage": True}
         exchange.sent_priority = False
         if provider.priority_order is not None:
-            self._prioritise(body, exchange, deployment, provider.priority_order)
+            prioritise(self._engine, body, exchange, deployment, provider.priority_order)
         elif "priority" in body:
             del body["priority"]  # only a server that schedules by it gets one, the proxy's
         # x-request-id only if the client sent one: some servers refuse one not a UUID.
@@ -393,39 +388,6 @@ class Forwarder:
             trace.attempt(deployment, provider.kind, forwarded)
         return UpstreamRequest(path=path, body=orjson.dumps(body), model=deployment.model,
                                stream=call.stream, headers=forwarded)
-
-    def _prioritise(self, body: dict[str, object], exchange: Exchange,
-                    deployment: Deployment, order: str) -> None:
-        """The call's tier as ``priority``, for a server that schedules by it; none (the
-        client's own neither) where it refused the field, or for this call's attempt after
-        a 400 about it (``_refused_priority``)."""
-        body.pop("priority", None)
-        if (deployment.provider in self._engine.fleet.priority_refused
-                or exchange.withheld_priority):
-            return
-        index, name = exchange.tier(self._engine.tier_names)
-        body["priority"] = deployment.priority(name, index, len(self._engine.tier_names), order)
-        exchange.sent_priority = True
-
-    def _refused_priority(self, exchange: Exchange, status: int, data: bytes) -> bool:
-        """A 400 that says the server does not schedule by priority (vLLM: "Priority
-        scheduling is not enabled"), to an attempt that sent the field: the call goes again
-        without it. Only when that attempt is not refused the same way is the server held
-        to refuse the field (a client's own bad request may quote the words)."""
-        if (status != 400 or not exchange.sent_priority
-                or PRIORITY_REFUSED not in data.lower()):
-            return False
-        exchange.withheld_priority = True
-        return True
-
-    def _confirm_refusal(self, exchange: Exchange, deployment: Deployment, status: int) -> None:
-        """The attempt sent without ``priority`` after a 400 about it: answered otherwise,
-        the field was the fault; not sent to that server again, said once."""
-        if (exchange.withheld_priority and status != 400
-                and self._engine.fleet.refuse_priority(deployment.provider)):
-            log.warning("provider %s refused the priority field (started without priority "
-                        "scheduling): sending its calls without it from now",
-                        deployment.provider)
 
     async def _send(self, exchange: Exchange, endpoint: Endpoint,
                     deployment: Deployment) -> Result:
@@ -453,10 +415,10 @@ class Forwarder:
             fingerprint = exchange.fingerprint
             if fingerprint is not None:
                 headers["x-proxy-cache"] = "miss"
-            self._confirm_refusal(exchange, deployment, status)
+            confirm_refusal(self._engine, exchange, deployment, status)
             if not call.stream or status != 200:
                 data = await response.read()
-                if status == 400 and self._refused_priority(exchange, status, data):
+                if status == 400 and refused_priority(exchange, status, data):
                     exchange.failure = web.Response(body=data, status=status, headers=headers)
                     return Result(DECLINED, status=status)
                 if direction is not None:
