@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from ...config.load import Limits
-from ...core.call.attempts import Attempts, tier_declined
+from ...core.call.attempts import Attempts
 from ...core.call.classify import Principal, RequestFacts, upstream_service_tier
 from ...core.call.commands import (
     Command,
@@ -35,7 +35,6 @@ from ...core.call.commands import (
     Send,
     Wait,
 )
-from ...core.call.retry import parse_retry_after
 from ...core.call.route import Deployment
 from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
@@ -46,21 +45,18 @@ from ...core.formats.request import Call, count_message_tokens
 from ...core.formats.wires import MESSAGES_PATH, WIRE_OF, translation
 from ...core.health.fleet import (
     ABANDONED,
-    AUTH,
     DECLINED,
     FAILURE,
-    OVERLOADED,
     SUCCESS,
-    THROTTLED,
 )
 from ...core.health.provider import Provider
 from ...core.scheduling.scheduler import Rejection
 from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
-from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call, upstream_headers
+from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call
 from ..base.metrics import Metrics
 from ..upstream import anthropic
-from ..upstream.upstream import Upstream, UpstreamRequest, UpstreamResponse
+from ..upstream.upstream import Upstream, UpstreamRequest
 from . import translate
 from .accounting import record_usage
 from .admission import Admission
@@ -68,6 +64,7 @@ from .auth import ON_BEHALF, Authenticator
 from .budget import BudgetGate
 from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
 from .exchange import Exchange
+from .failures import upstream_failure
 from .hits import CacheHits
 from .homes import Homes
 from .priority import confirm_refusal, prioritise, refused_priority
@@ -81,7 +78,6 @@ from .tracing import TRACE
 # own: configured, never the client's).
 FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
                              "messages": ("anthropic-beta", "user-agent")}
-OVERLOADED_STATUS = 529  # Anthropic's overloaded_error
 
 
 class Forwarder:
@@ -407,7 +403,8 @@ class Forwarder:
             self._observe_quota(deployment, response.headers)
             status = response.status
             if status in (429, 498) or status >= 500 or status in (401, 403):
-                return await self._upstream_failure(exchange, response, deployment, direction)
+                return await upstream_failure(exchange, response, deployment, direction,
+                                              self._clock, self._engine.tier_names)
             headers = answer_headers(request, exchange.tier(self._engine.tier_names)[1],
                                      exchange.attempts, deployment, response)
             if exchange.translation is not None:
@@ -481,32 +478,6 @@ class Forwarder:
             headers = anthropic.quota_headers(headers, self._clock.wall())
         self._engine.fleet.observe_quota(deployment.provider, headers, self._clock.now())
         self._admission.act_on_decisions()
-
-    async def _upstream_failure(self, exchange: Exchange, response: UpstreamResponse,
-                                deployment: Deployment, direction: str | None) -> Result:
-        """A 429, 529, 5xx, 401 or 403. A 5xx is kept, to be passed through (in the
-        client's format) if every attempt fails; a 429 never reaches the client (the call
-        waits for the pause instead) and an auth failure's body may quote the provider's
-        key."""
-        body = await response.read()
-        status = response.status
-        retry_after = parse_retry_after(response.headers, self._clock.wall())
-        if status in (401, 403):
-            return Result(AUTH, status=status)
-        if tier_declined(exchange.attempts.service_tier, status, body):
-            return Result(DECLINED, status=status)
-        if status == 429:
-            return Result(THROTTLED, status=status, retry_after_s=retry_after)
-        headers = upstream_headers(response.headers, error=True)
-        headers["x-proxy-upstream"] = deployment.id
-        headers["x-proxy-tier"] = exchange.tier(self._engine.tier_names)[1]
-        if direction is not None:
-            body = translate.answer(direction, body, status, 0,
-                                    exchange.request[REQUEST_ID])
-            headers["content-type"] = "application/json"
-        exchange.failure = web.Response(body=body, status=status, headers=headers)
-        return Result(OVERLOADED if status == OVERLOADED_STATUS else FAILURE, status=status,
-                      retry_after_s=retry_after)
 
 
 def _nothing(provider: str) -> None:
