@@ -16,12 +16,11 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 
-import orjson
 from aiohttp import web
 
 from ...config.load import Limits
 from ...core.call.attempts import Attempts
-from ...core.call.classify import Principal, RequestFacts, upstream_service_tier
+from ...core.call.classify import Principal, RequestFacts
 from ...core.call.commands import (
     Command,
     Done,
@@ -31,7 +30,6 @@ from ...core.call.commands import (
     PassThrough,
     Queue,
     Reserve,
-    Result,
     Send,
     Wait,
 )
@@ -39,45 +37,28 @@ from ...core.call.route import Deployment
 from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
 from ...core.engine import Engine
-from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown, UpstreamError
+from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from ...core.formats.endpoints import COUNT_TOKENS_PATH, ENDPOINTS, Endpoint
-from ...core.formats.request import Call, count_message_tokens
-from ...core.formats.wires import MESSAGES_PATH, WIRE_OF, translation
-from ...core.health.fleet import (
-    ABANDONED,
-    DECLINED,
-    FAILURE,
-    SUCCESS,
-)
-from ...core.health.provider import Provider
+from ...core.formats.request import count_message_tokens
+from ...core.health.fleet import ABANDONED
 from ...core.scheduling.scheduler import Rejection
 from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
 from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call
 from ..base.metrics import Metrics
-from ..upstream import anthropic
-from ..upstream.upstream import Upstream, UpstreamRequest
-from . import translate
+from ..upstream.upstream import Upstream
 from .accounting import record_usage
 from .admission import Admission
 from .auth import ON_BEHALF, Authenticator
 from .budget import BudgetGate
-from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
+from .cache import ResponseCache, fingerprint_of
 from .exchange import Exchange
-from .failures import upstream_failure
 from .hits import CacheHits
 from .homes import Homes
-from .priority import confirm_refusal, prioritise, refused_priority
-from .relay import answer_headers, relay, usage_counts
 from .replicas import Replicas
 from .semantic_cache import SemanticCache
-from .tally import MessagesTally, StreamTally, Tally
+from .sender import Sender
 from .tracing import TRACE
-
-# The client's headers an upstream of each wire gets (a provider's anthropic-version is its
-# own: configured, never the client's).
-FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
-                             "messages": ("anthropic-beta", "user-agent")}
 
 
 class Forwarder:
@@ -97,8 +78,10 @@ class Forwarder:
         self._replicas = replicas
         self._homes = homes
         self._metrics = metrics
-        self._upstreams = upstreams  # a reload changes the mapping in place
         self._hits = CacheHits(cache, metrics, clock)
+        self._sender = Sender(clock=clock, engine=engine, admission=admission, cache=cache,
+                              semantic=semantic, homes=homes, metrics=metrics,
+                              upstreams=upstreams)
         # Told the provider of every answered attempt (a self-hosted server is read again).
         self.answered: Callable[[str], None] = _nothing
         self.reconfigure(auth, limits)
@@ -107,6 +90,7 @@ class Forwarder:
         """A reload's keys and limits, for the calls that arrive from now."""
         self._auth = auth
         self._limits = limits
+        self._sender.reconfigure(limits)
 
     async def forward(self, request: Incoming, endpoint: Endpoint) -> web.StreamResponse:
         clock = self._clock
@@ -309,7 +293,7 @@ class Forwarder:
         record = exchange.request[RECORD]
         record.upstream = deployment.id
         sent = clock.now()
-        result = await self._send(exchange, endpoint, deployment)
+        result = await self._sender.send(exchange, endpoint, deployment)
         metrics.attempts.get(deployment.provider, result.verdict.value).inc()
         trace = exchange.request[TRACE]
         if trace is not None:
@@ -337,177 +321,9 @@ class Forwarder:
         self._settle(exchange, deployment if attempts.used is not None else None, cost)
         return command
 
-    def _outgoing(self, exchange: Exchange, endpoint: Endpoint, deployment: Deployment,
-                  provider: Provider, direction: str | None) -> UpstreamRequest:
-        """The attempt's request: the call's body for ``deployment`` (its model, service
-        tier and stream options), in the provider's format, and the headers passed on."""
-        plan, request = exchange.plan, exchange.request
-        call = plan.call
-        body = dict(call.body)
-        body["model"] = deployment.model
-        wire = WIRE_OF.get(provider.kind, "openai")
-        path = endpoint.path.removeprefix("/v1")
-        exchange.translation = None  # an earlier attempt's, to another provider
-        if direction is not None:
-            path, exchange.translation = translate.outgoing(body, direction)
-            body = exchange.translation.body
-        elif wire == "messages":
-            path = MESSAGES_PATH
-        if wire == "openai":
-            tier = exchange.tier(self._engine.tier_names)[0]
-            service_tier = upstream_service_tier(call.service_tier, tier)
-            if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
-                body["service_tier"] = exchange.attempts.service_tier
-            elif (service_tier is None or not provider.accepts_service_tier
-                  or exchange.attempts.declined):
-                body.pop("service_tier", None)
-            # Chat and completions streams report usage only when asked: the proxy asks
-            # (and hides the answer from a client that did not). Responses streams always
-            # report it; a translated stream's encoder honours the client's own ask.
-            if call.stream and (direction is not None or _strips_usage(call)):
-                body["stream_options"] = {**(body.get("stream_options") or {}),
-                                          "include_usage": True}
-        exchange.sent_priority = False
-        if provider.priority_order is not None:
-            prioritise(self._engine, body, exchange, deployment, provider.priority_order)
-        elif "priority" in body:
-            del body["priority"]  # only a server that schedules by it gets one, the proxy's
-        # x-request-id only if the client sent one: some servers refuse one not a UUID.
-        forwarded = {"x-client-request-id": request[REQUEST_ID]}
-        if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
-            forwarded["x-request-id"] = request[REQUEST_ID]
-        for name in FORWARDED_REQUEST_HEADERS[wire]:
-            if name in request.headers:
-                forwarded[name] = request.headers[name]
-        trace = request[TRACE]
-        if trace is not None:
-            trace.attempt(deployment, provider.kind, forwarded)
-        return UpstreamRequest(path=path, body=orjson.dumps(body), model=deployment.model,
-                               stream=call.stream, headers=forwarded)
-
-    async def _send(self, exchange: Exchange, endpoint: Endpoint,
-                    deployment: Deployment) -> Result:
-        """One upstream attempt, relayed to the client if it succeeds."""
-        plan, request = exchange.plan, exchange.request
-        call = plan.call
-        provider = self._engine.providers[deployment.provider]
-        direction = translation(provider.kind, call.kind)
-        upstream_request = self._outgoing(exchange, endpoint, deployment, provider, direction)
-        started = self._clock.now()
-        try:
-            response = await self._upstreams[deployment.provider].send(
-                upstream_request, provider.timeouts)
-        except UpstreamError as exc:
-            return Result(FAILURE, error=exc)
-        try:
-            self._observe_quota(deployment, response.headers)
-            status = response.status
-            if status in (429, 498) or status >= 500 or status in (401, 403):
-                return await upstream_failure(exchange, response, deployment, direction,
-                                              self._clock, self._engine.tier_names)
-            headers = answer_headers(request, exchange.tier(self._engine.tier_names)[1],
-                                     exchange.attempts, deployment, response)
-            if exchange.translation is not None:
-                headers.update(translate.translation_headers(exchange.translation))
-            fingerprint = exchange.fingerprint
-            if fingerprint is not None:
-                headers["x-proxy-cache"] = "miss"
-            confirm_refusal(self._engine, exchange, deployment, status)
-            if not call.stream or status != 200:
-                data = await response.read()
-                if status == 400 and refused_priority(exchange, status, data):
-                    exchange.failure = web.Response(body=data, status=status, headers=headers)
-                    return Result(DECLINED, status=status)
-                if direction is not None:
-                    data = translate.answer(direction, data, status, call.prompt_tokens,
-                                            request[REQUEST_ID])
-                    headers["content-type"] = "application/json"
-                exchange.answer = web.Response(body=data, status=status, headers=headers)
-                prompt, completion, response_id, served_at = _answer_facts(data) if (
-                    status == 200) else (None, None, None, None)
-                self._homes.remember(call, response_id, deployment)
-                if fingerprint is not None and status == 200:
-                    entry = Entry(data, deployment.id, _count(prompt), _count(completion))
-                    self._cache.put(call.model, fingerprint, entry)
-                    self._semantic.keep(exchange.semantic, entry)
-                return Result(SUCCESS, status=status, prompt_tokens=prompt,
-                              completion_tokens=completion, service_tier=served_at)
-            chunks = response.chunks()
-            first = await anext(chunks, b"")
-            if not first:
-                return Result(FAILURE,
-                              error=UpstreamError("upstream stream ended before any data"))
-            ttft = self._clock.now() - started
-            keep = MAX_ENTRY_BYTES if fingerprint else 0
-            tally: Tally
-            if direction is not None:
-                tally = translate.Translating(
-                    direction, include_usage=call.wants_usage, input_tokens=call.prompt_tokens,
-                    request_id=request[REQUEST_ID], keep_bytes=keep)
-            elif call.kind == "messages":
-                tally = MessagesTally(keep, request[REQUEST_ID])
-            else:
-                tally = StreamTally(_strips_usage(call), keep)
-            exchange.answer, result = await relay(
-                self._metrics, self._limits.write_timeout_s, request, headers, deployment,
-                response, chunks, first, tally)
-            self._homes.remember(call, result.response_id, deployment)
-            whole = (assemble(call.kind, result.kept)
-                     if result.kept and result.verdict is SUCCESS else None)
-            if fingerprint is not None and whole is not None:
-                entry = Entry(whole, deployment.id, _count(result.prompt_tokens),
-                              _count(result.completion_tokens))
-                self._cache.put(call.model, fingerprint, entry)
-                self._semantic.keep(exchange.semantic, entry)
-            return Result(result.verdict, status=200, committed=True,
-                          prompt_tokens=result.prompt_tokens,
-                          completion_tokens=result.completion_tokens, ttft_s=ttft,
-                          service_tier=result.service_tier)
-        except UpstreamError as exc:
-            return Result(FAILURE, error=exc)
-        finally:
-            response.close()
-
-    def _observe_quota(self, deployment: Deployment, headers: Mapping[str, str]) -> None:
-        """The provider's rate-limit headers, Anthropic's read as everyone else's."""
-        if ("x-ratelimit-remaining-requests" not in headers
-                and "x-ratelimit-remaining-tokens" not in headers):
-            if (anthropic.PREFIX + "requests-remaining" not in headers
-                    and anthropic.PREFIX + "tokens-remaining" not in headers):
-                return
-            headers = anthropic.quota_headers(headers, self._clock.wall())
-        self._engine.fleet.observe_quota(deployment.provider, headers, self._clock.now())
-        self._admission.act_on_decisions()
-
 
 def _nothing(provider: str) -> None:
     """No one listens for answers."""
-
-
-def _strips_usage(call: Call) -> bool:
-    """A chat or completions stream the proxy asks for usage the client did not ask for:
-    the usage-only chunk is taken out of what the client gets."""
-    return call.stream and call.kind in ("chat", "completions") and not call.wants_usage
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _answer_facts(data: bytes) -> tuple[object, object, str | None, object]:
-    """(prompt tokens, completion tokens, response id, service tier) an answer reports,
-    where it does."""
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None, None, None, None
-    if not isinstance(answer, dict):
-        return None, None, None, None
-    usage = answer.get("usage")
-    prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
-    response_id = answer.get("id") if answer.get("object") == "response" else None
-    return (prompt, completion, response_id if isinstance(response_id, str) else None,
-            answer.get("service_tier"))
 
 
 FORWARDER = web.AppKey("forwarder", Forwarder)

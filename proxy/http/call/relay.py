@@ -9,40 +9,18 @@ from typing import Any
 
 from aiohttp import web
 
-from ...core.call.attempts import Attempts
 from ...core.call.route import Deployment
 from ...core.errors import ShuttingDown, UpstreamBadResponse, UpstreamError
-from ...core.formats.endpoints import ANTHROPIC_PREFIX
 from ...core.health.fleet import ABANDONED, FAILURE, SUCCESS, Verdict
 from ...core.value import value
-from ..base.appkeys import COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
+from ..base.appkeys import COMMITTED, LIFECYCLE, RECORD
 from ..base.drain import FAREWELL_S, uncancel
-from ..base.edge import Incoming, upstream_headers
+from ..base.edge import Incoming
 from ..base.metrics import Metrics
 from ..upstream.upstream import UpstreamResponse
 from .events import event_stream
 from .tally import Tally
 from .watchdog import ClientGone, Watchdog
-
-
-def answer_headers(
-    request: Incoming, tier_name: str, attempts: Attempts, deployment: Deployment,
-    response: UpstreamResponse,
-) -> dict[str, str]:
-    """The answer's headers: the upstream's allowed ones and the proxy's own; the queue's
-    as foreseen when the call arrived (calls ahead, wait) beside its real wait."""
-    headers = upstream_headers(response.headers)
-    headers["x-request-id"] = request[REQUEST_ID]
-    if request.path.startswith(ANTHROPIC_PREFIX):  # where Anthropic's SDKs look for it
-        headers["request-id"] = request[REQUEST_ID]
-    headers["x-proxy-tier"] = tier_name
-    headers["x-proxy-queue-ms"] = str(round(attempts.queue_s * 1000))
-    ticket = attempts.ticket
-    if ticket is not None:
-        headers["x-proxy-queue-position"] = str(ticket.position)
-        headers["x-proxy-queue-predicted-ms"] = str(round(ticket.predicted_s * 1000))
-    headers["x-proxy-upstream"] = deployment.id
-    return headers
 
 
 @value
