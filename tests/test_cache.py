@@ -29,8 +29,8 @@ from proxy.http.call.cache import (
     replay,
     unpack,
 )
-from proxy.http.call.relay import event_data
 from proxy.http.call.service import SERVICE
+from proxy.http.call.tally import event_data
 from proxy.http.server.app import build_app
 
 from .conftest import config_from

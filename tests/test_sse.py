@@ -1,4 +1,4 @@
-"""Relaying SSE (``proxy.http.call.relay.StreamTally``): whole events only, however the bytes
+"""Relaying SSE (``proxy.http.call.tally.StreamTally``): whole events only, however the bytes
 are chunked, ``data:`` read as the SSE spec defines it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.errors import UpstreamBadResponse
-from proxy.http.call.relay import _BOUNDARY, MAX_EVENT_BYTES, StreamTally, boundaries, event_data
+from proxy.http.call.tally import _BOUNDARY, MAX_EVENT_BYTES, StreamTally, boundaries, event_data
 
 
 def chunk(event: dict[str, object]) -> bytes:

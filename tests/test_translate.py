@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from proxy.core.formats.sse import SseReader
 from proxy.http.call.cache import assemble, replay
-from proxy.http.call.relay import MessagesTally, usage_counts
+from proxy.http.call.relay import usage_counts
+from proxy.http.call.tally import MessagesTally
 from proxy.http.call.translate import Translating
 from proxy.http.upstream.anthropic import quota_headers
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
-import orjson
 from aiohttp import web
 
 from ...config.load import Limits
-from ...core.call.attempts import Attempts, tier_declined
-from ...core.call.classify import Principal, RequestFacts, upstream_service_tier
+from ...core.call.attempts import Attempts
+from ...core.call.classify import Principal, RequestFacts
 from ...core.call.commands import (
     Command,
     Done,
@@ -33,80 +30,35 @@ from ...core.call.commands import (
     PassThrough,
     Queue,
     Reserve,
-    Result,
     Send,
     Wait,
 )
-from ...core.call.plan import Plan
-from ...core.call.retry import parse_retry_after
 from ...core.call.route import Deployment
 from ...core.call.tokens import TokenCounter
 from ...core.clock import Clock
 from ...core.engine import Engine
-from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown, UpstreamError
+from ...core.errors import InvalidRequest, ModelNotFound, ShuttingDown
 from ...core.formats.endpoints import COUNT_TOKENS_PATH, ENDPOINTS, Endpoint
-from ...core.formats.events import Translation
-from ...core.formats.request import Call, count_message_tokens
-from ...core.formats.wires import MESSAGES_PATH, WIRE_OF, translation
-from ...core.health.fleet import (
-    ABANDONED,
-    AUTH,
-    DECLINED,
-    FAILURE,
-    OVERLOADED,
-    SUCCESS,
-    THROTTLED,
-)
-from ...core.health.provider import Provider
+from ...core.formats.request import count_message_tokens
+from ...core.health.fleet import ABANDONED
 from ...core.scheduling.scheduler import Rejection
-from ...state.base import Lease
 from ..base.appkeys import BACKGROUND, COMMITTED, LIFECYCLE, RECORD, REQUEST_ID
 from ..base.drain import uncancel
-from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call, upstream_headers
+from ..base.edge import OFFLOAD_BYTES, Incoming, read_body, read_call
 from ..base.metrics import Metrics
-from ..upstream import anthropic
-from ..upstream.upstream import Upstream, UpstreamRequest, UpstreamResponse
-from . import translate
+from ..upstream.upstream import Upstream
 from .accounting import record_usage
 from .admission import Admission
 from .auth import ON_BEHALF, Authenticator
 from .budget import BudgetGate
-from .cache import MAX_ENTRY_BYTES, Entry, ResponseCache, assemble, fingerprint_of
+from .cache import ResponseCache, fingerprint_of
+from .exchange import Exchange
 from .hits import CacheHits
 from .homes import Homes
-from .relay import MessagesTally, StreamTally, Tally, answer_headers, relay, usage_counts
 from .replicas import Replicas
-from .semantic_cache import Pending, SemanticCache
+from .semantic_cache import SemanticCache
+from .sender import Sender
 from .tracing import TRACE
-
-log = logging.getLogger(__name__)
-
-# What vLLM says (lower-cased) to a ``priority`` when started without priority scheduling.
-PRIORITY_REFUSED = b"priority scheduling"
-
-# The client's headers an upstream of each wire gets (a provider's anthropic-version is its
-# own: configured, never the client's).
-FORWARDED_REQUEST_HEADERS = {"openai": ("openai-beta", "user-agent"),
-                             "messages": ("anthropic-beta", "user-agent")}
-OVERLOADED_STATUS = 529  # Anthropic's overloaded_error
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One call's state on the HTTP side, the driver's alone: what the client will get,
-    once there is something, and what the attempt in flight holds."""
-
-    request: Incoming
-    plan: Plan
-    attempts: Attempts
-    answer: web.StreamResponse | None = None
-    failure: web.Response | None = None  # the last upstream failure, kept to pass through
-    fingerprint: bytes | None = None  # a cacheable call that missed: its answer is kept
-    lease: Lease | None = None  # the provider slot held across replicas (redis backend)
-    semantic: Pending | None = None  # a semantic cache miss: its answer is kept
-    translation: Translation | None = None  # the attempt's request, in another format
-    sent_priority: bool = False  # the attempt in flight carries the proxy's ``priority``
-    withheld_priority: bool = False  # a 400 said the server does not schedule by it
 
 
 class Forwarder:
@@ -126,8 +78,10 @@ class Forwarder:
         self._replicas = replicas
         self._homes = homes
         self._metrics = metrics
-        self._upstreams = upstreams  # a reload changes the mapping in place
         self._hits = CacheHits(cache, metrics, clock)
+        self._sender = Sender(clock=clock, engine=engine, admission=admission, cache=cache,
+                              semantic=semantic, homes=homes, metrics=metrics,
+                              upstreams=upstreams)
         # Told the provider of every answered attempt (a self-hosted server is read again).
         self.answered: Callable[[str], None] = _nothing
         self.reconfigure(auth, limits)
@@ -136,6 +90,7 @@ class Forwarder:
         """A reload's keys and limits, for the calls that arrive from now."""
         self._auth = auth
         self._limits = limits
+        self._sender.reconfigure(limits)
 
     async def forward(self, request: Incoming, endpoint: Endpoint) -> web.StreamResponse:
         clock = self._clock
@@ -255,14 +210,6 @@ class Forwarder:
         if reservation is not None or exchange.plan.caller in self._budgets.book.budgets:
             self._budgets.settle(attempts, reservation, deployment, cost)
 
-    def _tier(self, exchange: Exchange) -> tuple[int, str]:
-        """The call's tier now (index, name): a reload may have moved it since it arrived."""
-        ticket = exchange.attempts.ticket
-        tier = exchange.plan.tier if ticket is None else ticket.tier
-        names = self._engine.tier_names
-        return (tier, names[tier]) if tier < len(names) else (
-            exchange.plan.tier, exchange.plan.tier_name)
-
     async def _drive(self, exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse:
         attempts, clock, admission = exchange.attempts, self._clock, self._admission
         metrics, request = self._metrics, exchange.request
@@ -285,7 +232,7 @@ class Forwarder:
                         command = attempts.refused(decision.code, decision.retry_after_s, now,
                                                    decision.message)
                         continue
-                    tier_name = self._tier(exchange)[1]
+                    tier_name = exchange.tier(self._engine.tier_names)[1]
                     request[RECORD].tier = tier_name
                     waited = ticket.dispatched_at - ticket.queued_at
                     metrics.queue_wait.get(tier_name).observe(waited)
@@ -346,7 +293,7 @@ class Forwarder:
         record = exchange.request[RECORD]
         record.upstream = deployment.id
         sent = clock.now()
-        result = await self._send(exchange, endpoint, deployment)
+        result = await self._sender.send(exchange, endpoint, deployment)
         metrics.attempts.get(deployment.provider, result.verdict.value).inc()
         trace = exchange.request[TRACE]
         if trace is not None:
@@ -374,235 +321,9 @@ class Forwarder:
         self._settle(exchange, deployment if attempts.used is not None else None, cost)
         return command
 
-    def _outgoing(self, exchange: Exchange, endpoint: Endpoint, deployment: Deployment,
-                  provider: Provider, direction: str | None) -> UpstreamRequest:
-        """The attempt's request: the call's body for ``deployment`` (its model, service
-        tier and stream options), in the provider's format, and the headers passed on."""
-        plan, request = exchange.plan, exchange.request
-        call = plan.call
-        body = dict(call.body)
-        body["model"] = deployment.model
-        wire = WIRE_OF.get(provider.kind, "openai")
-        path = endpoint.path.removeprefix("/v1")
-        exchange.translation = None  # an earlier attempt's, to another provider
-        if direction is not None:
-            path, exchange.translation = translate.outgoing(body, direction)
-            body = exchange.translation.body
-        elif wire == "messages":
-            path = MESSAGES_PATH
-        if wire == "openai":
-            tier = self._tier(exchange)[0]
-            service_tier = upstream_service_tier(call.service_tier, tier)
-            if exchange.attempts.service_tier is not None:  # the deployment's, for this tier
-                body["service_tier"] = exchange.attempts.service_tier
-            elif (service_tier is None or not provider.accepts_service_tier
-                  or exchange.attempts.declined):
-                body.pop("service_tier", None)
-            # Chat and completions streams report usage only when asked: the proxy asks
-            # (and hides the answer from a client that did not). Responses streams always
-            # report it; a translated stream's encoder honours the client's own ask.
-            if call.stream and (direction is not None or _strips_usage(call)):
-                body["stream_options"] = {**(body.get("stream_options") or {}),
-                                          "include_usage": True}
-        exchange.sent_priority = False
-        if provider.priority_order is not None:
-            self._prioritise(body, exchange, deployment, provider.priority_order)
-        elif "priority" in body:
-            del body["priority"]  # only a server that schedules by it gets one, the proxy's
-        # x-request-id only if the client sent one: some servers refuse one not a UUID.
-        forwarded = {"x-client-request-id": request[REQUEST_ID]}
-        if request.headers.get("x-request-id") == request[REQUEST_ID]:  # the client's, valid
-            forwarded["x-request-id"] = request[REQUEST_ID]
-        for name in FORWARDED_REQUEST_HEADERS[wire]:
-            if name in request.headers:
-                forwarded[name] = request.headers[name]
-        trace = request[TRACE]
-        if trace is not None:
-            trace.attempt(deployment, provider.kind, forwarded)
-        return UpstreamRequest(path=path, body=orjson.dumps(body), model=deployment.model,
-                               stream=call.stream, headers=forwarded)
-
-    def _prioritise(self, body: dict[str, object], exchange: Exchange,
-                    deployment: Deployment, order: str) -> None:
-        """The call's tier as ``priority``, for a server that schedules by it; none (the
-        client's own neither) where it refused the field, or for this call's attempt after
-        a 400 about it (``_refused_priority``)."""
-        body.pop("priority", None)
-        if (deployment.provider in self._engine.fleet.priority_refused
-                or exchange.withheld_priority):
-            return
-        index, name = self._tier(exchange)
-        body["priority"] = deployment.priority(name, index, len(self._engine.tier_names), order)
-        exchange.sent_priority = True
-
-    def _refused_priority(self, exchange: Exchange, status: int, data: bytes) -> bool:
-        """A 400 that says the server does not schedule by priority (vLLM: "Priority
-        scheduling is not enabled"), to an attempt that sent the field: the call goes again
-        without it. Only when that attempt is not refused the same way is the server held
-        to refuse the field (a client's own bad request may quote the words)."""
-        if (status != 400 or not exchange.sent_priority
-                or PRIORITY_REFUSED not in data.lower()):
-            return False
-        exchange.withheld_priority = True
-        return True
-
-    def _confirm_refusal(self, exchange: Exchange, deployment: Deployment, status: int) -> None:
-        """The attempt sent without ``priority`` after a 400 about it: answered otherwise,
-        the field was the fault; not sent to that server again, said once."""
-        if (exchange.withheld_priority and status != 400
-                and self._engine.fleet.refuse_priority(deployment.provider)):
-            log.warning("provider %s refused the priority field (started without priority "
-                        "scheduling): sending its calls without it from now",
-                        deployment.provider)
-
-    async def _send(self, exchange: Exchange, endpoint: Endpoint,
-                    deployment: Deployment) -> Result:
-        """One upstream attempt, relayed to the client if it succeeds."""
-        plan, request = exchange.plan, exchange.request
-        call = plan.call
-        provider = self._engine.providers[deployment.provider]
-        direction = translation(provider.kind, call.kind)
-        upstream_request = self._outgoing(exchange, endpoint, deployment, provider, direction)
-        started = self._clock.now()
-        try:
-            response = await self._upstreams[deployment.provider].send(
-                upstream_request, provider.timeouts)
-        except UpstreamError as exc:
-            return Result(FAILURE, error=exc)
-        try:
-            self._observe_quota(deployment, response.headers)
-            status = response.status
-            if status in (429, 498) or status >= 500 or status in (401, 403):
-                return await self._upstream_failure(exchange, response, deployment, direction)
-            headers = answer_headers(request, self._tier(exchange)[1], exchange.attempts,
-                                     deployment, response)
-            if exchange.translation is not None:
-                headers.update(translate.translation_headers(exchange.translation))
-            fingerprint = exchange.fingerprint
-            if fingerprint is not None:
-                headers["x-proxy-cache"] = "miss"
-            self._confirm_refusal(exchange, deployment, status)
-            if not call.stream or status != 200:
-                data = await response.read()
-                if status == 400 and self._refused_priority(exchange, status, data):
-                    exchange.failure = web.Response(body=data, status=status, headers=headers)
-                    return Result(DECLINED, status=status)
-                if direction is not None:
-                    data = translate.answer(direction, data, status, call.prompt_tokens,
-                                            request[REQUEST_ID])
-                    headers["content-type"] = "application/json"
-                exchange.answer = web.Response(body=data, status=status, headers=headers)
-                prompt, completion, response_id, served_at = _answer_facts(data) if (
-                    status == 200) else (None, None, None, None)
-                self._homes.remember(call, response_id, deployment)
-                if fingerprint is not None and status == 200:
-                    entry = Entry(data, deployment.id, _count(prompt), _count(completion))
-                    self._cache.put(call.model, fingerprint, entry)
-                    self._semantic.keep(exchange.semantic, entry)
-                return Result(SUCCESS, status=status, prompt_tokens=prompt,
-                              completion_tokens=completion, service_tier=served_at)
-            chunks = response.chunks()
-            first = await anext(chunks, b"")
-            if not first:
-                return Result(FAILURE,
-                              error=UpstreamError("upstream stream ended before any data"))
-            ttft = self._clock.now() - started
-            keep = MAX_ENTRY_BYTES if fingerprint else 0
-            tally: Tally
-            if direction is not None:
-                tally = translate.Translating(
-                    direction, include_usage=call.wants_usage, input_tokens=call.prompt_tokens,
-                    request_id=request[REQUEST_ID], keep_bytes=keep)
-            elif call.kind == "messages":
-                tally = MessagesTally(keep, request[REQUEST_ID])
-            else:
-                tally = StreamTally(_strips_usage(call), keep)
-            exchange.answer, result = await relay(
-                self._metrics, self._limits.write_timeout_s, request, headers, deployment,
-                response, chunks, first, tally)
-            self._homes.remember(call, result.response_id, deployment)
-            whole = (assemble(call.kind, result.kept)
-                     if result.kept and result.verdict is SUCCESS else None)
-            if fingerprint is not None and whole is not None:
-                entry = Entry(whole, deployment.id, _count(result.prompt_tokens),
-                              _count(result.completion_tokens))
-                self._cache.put(call.model, fingerprint, entry)
-                self._semantic.keep(exchange.semantic, entry)
-            return Result(result.verdict, status=200, committed=True,
-                          prompt_tokens=result.prompt_tokens,
-                          completion_tokens=result.completion_tokens, ttft_s=ttft,
-                          service_tier=result.service_tier)
-        except UpstreamError as exc:
-            return Result(FAILURE, error=exc)
-        finally:
-            response.close()
-
-    def _observe_quota(self, deployment: Deployment, headers: Mapping[str, str]) -> None:
-        """The provider's rate-limit headers, Anthropic's read as everyone else's."""
-        if ("x-ratelimit-remaining-requests" not in headers
-                and "x-ratelimit-remaining-tokens" not in headers):
-            if (anthropic.PREFIX + "requests-remaining" not in headers
-                    and anthropic.PREFIX + "tokens-remaining" not in headers):
-                return
-            headers = anthropic.quota_headers(headers, self._clock.wall())
-        self._engine.fleet.observe_quota(deployment.provider, headers, self._clock.now())
-        self._admission.act_on_decisions()
-
-    async def _upstream_failure(self, exchange: Exchange, response: UpstreamResponse,
-                                deployment: Deployment, direction: str | None) -> Result:
-        """A 429, 529, 5xx, 401 or 403. A 5xx is kept, to be passed through (in the
-        client's format) if every attempt fails; a 429 never reaches the client (the call
-        waits for the pause instead) and an auth failure's body may quote the provider's
-        key."""
-        body = await response.read()
-        status = response.status
-        retry_after = parse_retry_after(response.headers, self._clock.wall())
-        if status in (401, 403):
-            return Result(AUTH, status=status)
-        if tier_declined(exchange.attempts.service_tier, status, body):
-            return Result(DECLINED, status=status)
-        if status == 429:
-            return Result(THROTTLED, status=status, retry_after_s=retry_after)
-        headers = upstream_headers(response.headers, error=True)
-        headers["x-proxy-upstream"] = deployment.id
-        headers["x-proxy-tier"] = self._tier(exchange)[1]
-        if direction is not None:
-            body = translate.answer(direction, body, status, 0,
-                                    exchange.request[REQUEST_ID])
-            headers["content-type"] = "application/json"
-        exchange.failure = web.Response(body=body, status=status, headers=headers)
-        return Result(OVERLOADED if status == OVERLOADED_STATUS else FAILURE, status=status,
-                      retry_after_s=retry_after)
-
 
 def _nothing(provider: str) -> None:
     """No one listens for answers."""
-
-
-def _strips_usage(call: Call) -> bool:
-    """A chat or completions stream the proxy asks for usage the client did not ask for:
-    the usage-only chunk is taken out of what the client gets."""
-    return call.stream and call.kind in ("chat", "completions") and not call.wants_usage
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _answer_facts(data: bytes) -> tuple[object, object, str | None, object]:
-    """(prompt tokens, completion tokens, response id, service tier) an answer reports,
-    where it does."""
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None, None, None, None
-    if not isinstance(answer, dict):
-        return None, None, None, None
-    usage = answer.get("usage")
-    prompt, completion = usage_counts(usage) if isinstance(usage, dict) else (None, None)
-    response_id = answer.get("id") if answer.get("object") == "response" else None
-    return (prompt, completion, response_id if isinstance(response_id, str) else None,
-            answer.get("service_tier"))
 
 
 FORWARDER = web.AppKey("forwarder", Forwarder)

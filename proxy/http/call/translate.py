@@ -14,7 +14,7 @@ from ...core.formats.chat_to_messages import to_messages
 from ...core.formats.events import End, Error, Event, Translation, Usage
 from ...core.formats.messages_to_chat import to_chat
 from ...core.formats.wires import MESSAGES_PATH
-from .relay import event_data
+from .tally import event_data
 
 CHAT_PATH = "/chat/completions"
 MAX_NAMES = 1000  # characters of the fields a translation names in its answer's headers
