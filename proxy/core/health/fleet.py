@@ -159,9 +159,7 @@ class Fleet:
             self.priority_refused.discard(name)  # another server, or restarted otherwise
         if provider.engine is None:
             self.engines.pop(name, None)
-        elif name not in self.engines or before is None or (
-                before.engine, before.base_url, before.read_every_s) != (
-                provider.engine, provider.base_url, provider.read_every_s):
+        elif before is None or _read_as(before) != _read_as(provider):
             grace = max(GRACE_READS * provider.read_every_s, GRACE_MIN_S)
             self.engines[name] = EngineView(grace, max(grace, UNREADABLE_S))
             self._scheduler.lower_room(name, 0, "engine")  # full until first read
@@ -336,3 +334,8 @@ class Fleet:
                 self._on_transition(deployment, old, new)
 
         return on_transition
+
+
+def _read_as(provider: Provider) -> tuple[object, ...]:
+    """What a server's view is read by: a change in any of it starts the view over."""
+    return provider.engine, provider.base_url, provider.read_every_s
