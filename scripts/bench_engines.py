@@ -15,7 +15,8 @@ from proxy.config import parse_config
 from proxy.core.quantile import percentile
 from proxy.sim import scenarios
 from proxy.sim.disciplines import slots_of
-from proxy.sim.run import Simulation, simulate
+from proxy.sim.results import Simulation
+from proxy.sim.run import simulate
 
 NAMES = ("engine-slots", "engine-unequal", "engine-slows")
 HIDDEN = ("slots", "slows_past")  # what the server is, whatever the table says

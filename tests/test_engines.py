@@ -27,7 +27,8 @@ from proxy.http.upstream.engines import Unreadable, parse_metrics, parse_props, 
 from proxy.http.upstream.simulated import SimulatedUpstream
 from proxy.http.upstream.upstream import UpstreamRequest
 from proxy.sim import scenarios
-from proxy.sim.run import Outcome, simulate
+from proxy.sim.results import Outcome
+from proxy.sim.run import simulate
 
 # --- EngineView: (now, figures or "fail", the proxy's calls there, expected room) -----
 

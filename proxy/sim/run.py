@@ -23,8 +23,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 from ..config import Config
 from ..config.trace import TraceCall
@@ -53,85 +52,12 @@ from ..core.health.engines import Figures
 from ..core.health.fleet import Verdict
 from ..core.health.provider import SimSettings
 from ..core.scheduling.scheduler import Ticket, TicketState
+from .results import Outcome, Series, Simulation, Waiting, makespan
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
 NUDGE_S = 0.25  # an engine is read again this soon after an answer (live: NUDGE_GAP_S)
 # The wall time the virtual clock starts at (2026-01-01 UTC), for the keys' budget periods.
 WALL_EPOCH = 1_767_225_600.0
-
-
-@dataclass
-class Outcome:
-    """What became of one call of the trace."""
-
-    arrived: float
-    tier: str = ""
-    key: str | None = None  # the name of the call's key
-    wait_s: float = math.nan  # queued time, every pass included
-    code: str | None = None  # the error code of a refused call
-    provider: str | None = None
-    service_s: float = 0.0
-    cost_usd: float = 0.0
-    done_at: float = math.nan
-    early: bool = False  # refused when it arrived: it could not start in time
-    inside_s: float = 0.0  # waited inside a self-hosted server for one of its slots
-
-
-MAX_SAMPLES = 4096  # per series, whatever the simulated span
-
-
-@dataclass
-class Series:
-    """Queue depth per tier and calls in flight per provider, once per ``step_s`` of
-    simulated time (the state in force at each step). The step starts at one second and
-    doubles whenever the samples pass MAX_SAMPLES (each kept sample the larger of a pair,
-    so peaks survive): memory is bounded whatever the trace's span."""
-
-    step_s: float = 1.0
-    times: list[float] = field(default_factory=list)
-    depth: dict[str, list[int]] = field(default_factory=dict)
-    inflight: dict[str, list[int]] = field(default_factory=dict)
-
-    def add(self, t: float, depth: dict[str, int], inflight: dict[str, int]) -> None:
-        self.times.append(t)
-        for tier, count in depth.items():
-            self.depth[tier].append(count)
-        for provider, count in inflight.items():
-            self.inflight[provider].append(count)
-        if len(self.times) > MAX_SAMPLES:
-            self.times = self.times[::2]
-            for values in (*self.depth.values(), *self.inflight.values()):
-                values[:] = [max(values[i:i + 2]) for i in range(0, len(values), 2)]
-            self.step_s *= 2
-
-
-@dataclass
-class Simulation:
-    outcomes: list[Outcome]
-    makespan_s: float
-    busy_s: dict[str, float]  # slot-seconds of service per provider
-    # Starts of a call while a more urgent one that could use the same provider waited
-    # (the fair share gives lower tiers their weighted turns: not all of these are wrong).
-    inversions: int = 0
-    series: Series | None = None
-
-
-class Waiting:
-    """Calls waiting, counted per provider and tier, for priority inversions."""
-
-    def __init__(self, tiers: int) -> None:
-        self._tiers = tiers
-        self._counts: dict[str, list[int]] = {}
-        self.inversions = 0
-
-    def add(self, providers: Iterable[str], tier: int, delta: int = 1) -> None:
-        for provider in providers:
-            self._counts.setdefault(provider, [0] * self._tiers)[tier] += delta
-
-    def started(self, provider: str, tier: int) -> None:
-        """A call of ``tier`` (no longer counted as waiting) started on ``provider``."""
-        if any(self._counts.get(provider, [0] * self._tiers)[:tier]):
-            self.inversions += 1
 
 
 def service_s(config: Config, deployment: Deployment, prompt: int, output: int) -> tuple[
@@ -452,12 +378,3 @@ def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> 
     outcomes = replay.run(calls)
     return Simulation(outcomes, makespan(outcomes), replay.busy_s, replay.waiting.inversions,
                       replay.series)
-
-
-def makespan(outcomes: Sequence[Outcome]) -> float:
-    """From the first arrival to the last call's end (served, or refused)."""
-    if not outcomes:
-        return 0.0
-    ends = [o.done_at if not math.isnan(o.done_at) else o.arrived + (
-        0.0 if math.isnan(o.wait_s) else o.wait_s) for o in outcomes]
-    return max(ends) - min(o.arrived for o in outcomes)

@@ -50,7 +50,8 @@ from ..config import Config
 from ..core.quantile import percentile
 from .disciplines import DISCIPLINES, reference, slots_of
 from .report import summary
-from .run import Simulation, service_s, simulate
+from .results import Simulation
+from .run import service_s, simulate
 from .scenarios import Scenario
 
 LAG_CALLS = 2.0  # the stated lag of a floor, in longest calls

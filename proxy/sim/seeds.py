@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .disciplines import DISCIPLINES
-from .run import Outcome, Simulation
+from .results import Outcome, Simulation
 from .scenarios import Scenario
 from .scoreboard import Row, judged, peak_loads, replay
 
