@@ -32,7 +32,7 @@ from ..config import Config
 from ..config.trace import TraceCall
 from ..core.call.route import Deployment
 from .results import Outcome, Simulation, Waiting, makespan
-from .run import service_s
+from .servers import service_s
 
 DISCIPLINES = ("fcfs", "priority", "wfq", "static")
 

@@ -51,8 +51,9 @@ from ..core.quantile import percentile
 from .disciplines import DISCIPLINES, reference, slots_of
 from .report import summary
 from .results import Simulation
-from .run import service_s, simulate
+from .run import simulate
 from .scenarios import Scenario
+from .servers import service_s
 
 LAG_CALLS = 2.0  # the stated lag of a floor, in longest calls
 WINDOW_CALLS = 8.0  # a tier's windows: long enough for its floor to be this many calls
