@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 
 from .disciplines import DISCIPLINES
 from .results import Outcome, Simulation
-from .scenarios import Scenario
 from .scoreboard import Row, judged, peak_loads, replay
+from .workloads import Scenario
 
 GAP_S = 1.0  # between the end of one seed's calls and the next seed's first arrival
 
