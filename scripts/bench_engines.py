@@ -13,19 +13,20 @@ import dataclasses
 
 from proxy.config import parse_config
 from proxy.core.quantile import percentile
-from proxy.sim import scenarios
+from proxy.sim import scenarios, workloads
 from proxy.sim.disciplines import slots_of
-from proxy.sim.run import Simulation, simulate
+from proxy.sim.results import Simulation
+from proxy.sim.run import simulate
 
 NAMES = ("engine-slots", "engine-unequal", "engine-slows")
 HIDDEN = ("slots", "slows_past")  # what the server is, whatever the table says
 
 
-def variant(scenario: scenarios.Scenario, limit: dict[str, int] | int) -> dict[str, object]:
+def variant(scenario: workloads.Scenario, limit: dict[str, int] | int) -> dict[str, object]:
     """The scenario's table with ``max_concurrency`` set and no engine nor ``auto``."""
     providers = scenario.table["providers"]
     assert isinstance(providers, list)
-    return scenarios.self_hosted({
+    return workloads.self_hosted({
         p["name"]: {"max_concurrency": limit if isinstance(limit, int) else limit[p["name"]],
                     **{k: v for k, v in p["simulate"].items() if k in HIDDEN}}
         for p in providers})

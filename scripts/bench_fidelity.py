@@ -34,7 +34,8 @@ from bench_common import children, loop_factory, percentile
 
 from proxy.config import load_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
-from proxy.sim.run import Simulation, simulate
+from proxy.sim.results import Simulation
+from proxy.sim.run import simulate
 from proxy.sim.scenarios import BUILDERS
 
 # The calls' keys (so tiers), by the most urgent tier of each mix: its shares of the calls.

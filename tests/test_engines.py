@@ -26,8 +26,9 @@ from proxy.core.scheduling.scheduler import Scheduler, SchedulerSettings, Ticket
 from proxy.http.upstream.engines import Unreadable, parse_metrics, parse_props, parse_slots
 from proxy.http.upstream.simulated import SimulatedUpstream
 from proxy.http.upstream.upstream import UpstreamRequest
-from proxy.sim import scenarios
-from proxy.sim.run import Outcome, simulate
+from proxy.sim import scenarios, workloads
+from proxy.sim.results import Outcome
+from proxy.sim.run import simulate
 
 # --- EngineView: (now, figures or "fail", the proxy's calls there, expected room) -----
 
@@ -376,7 +377,7 @@ def test_the_simulator_keeps_calls_out_of_a_read_servers_queue() -> None:
     read = scenarios.scenario("engine-slots")
     sim = simulate(read.config, read.calls)
     assert all(o.inside_s == 0 for o in sim.outcomes)
-    guessed = scenarios.self_hosted({"p": {"max_concurrency": 16, "slots": 6}})
+    guessed = workloads.self_hosted({"p": {"max_concurrency": 16, "slots": 6}})
     blind = simulate(parse_config(guessed, {}), read.calls)
     assert sum(o.inside_s > 0 for o in blind.outcomes) > 20
 
@@ -400,7 +401,7 @@ def test_the_simulator_splits_load_by_the_servers_room() -> None:
 def test_a_server_that_slows_is_held_below_a_guess() -> None:
     slows = scenarios.scenario("engine-slows")
     learned = simulate(slows.config, slows.calls)
-    guessed = scenarios.self_hosted({"p": {"max_concurrency": 16, "slows_past": 4}})
+    guessed = workloads.self_hosted({"p": {"max_concurrency": 16, "slows_past": 4}})
     blind = simulate(parse_config(guessed, {}), slows.calls)
     # The same work in fewer slot-seconds: calls ran less slowed.
     assert learned.busy_s["p"] < 0.75 * blind.busy_s["p"]

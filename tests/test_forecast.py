@@ -12,7 +12,7 @@ import pytest
 from proxy.config import Config, parse_config
 from proxy.core.scheduling.scheduler import Rejection, Ticket, TierSpec
 from proxy.sim.run import simulate
-from proxy.sim.scenarios import call, table
+from proxy.sim.workloads import call, table
 from tests.scheduler_kit import Kit, ticket
 
 HIGH = (TierSpec("high", 1, max_wait_s=10),)

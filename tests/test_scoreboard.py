@@ -21,9 +21,10 @@ from proxy.core.quantile import percentile
 from proxy.sim.disciplines import reference, slots_of, static_slots
 from proxy.sim.heldout import HELD_OUT
 from proxy.sim.run import simulate
-from proxy.sim.scenarios import BUILDERS, Scenario, call, config
+from proxy.sim.scenarios import BUILDERS
 from proxy.sim.scoreboard import Row, checks, idle_while_waiting, replay, run
 from proxy.sim.seeds import pooled
+from proxy.sim.workloads import Scenario, call, config
 
 ROOT = Path(__file__).resolve().parents[1]
 

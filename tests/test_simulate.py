@@ -20,7 +20,7 @@ from proxy.config import ConfigError, parse_config
 from proxy.config.trace import SHIPPED_TRACE, TraceCall, read_calls
 from proxy.core.call.estimate import LatencyModel
 from proxy.core.scheduling.scheduler import Scheduler
-from proxy.sim import scenarios
+from proxy.sim import workloads
 from proxy.sim.disciplines import reference
 from proxy.sim.report import compare_table, summary, table
 from proxy.sim.run import simulate
@@ -420,11 +420,11 @@ def test_the_simulator_replays_the_keys_budgets_as_live_keeps_them() -> None:
     four slots: it is served about ten calls' worth (each reserved at dispatch, settled at
     its cost), the rest refused ``budget_exceeded`` on arrival or at dispatch; a key
     without a budget is served every call."""
-    data = scenarios.table(4, keys=[{"name": "gold", "tier": "normal",
+    data = workloads.table(4, keys=[{"name": "gold", "tier": "normal",
                                      "budget_usd": {"amount": 0.01, "period": "day"}},
                                     {"name": "free", "tier": "normal"}])
     data["models"]["m"][0].update({"input_cost": 0.0, "output_cost": 10.0})  # type: ignore[index]
-    rows = [scenarios.call(i * 0.5, 1.0, "normal", key) for i in range(30)
+    rows = [workloads.call(i * 0.5, 1.0, "normal", key) for i in range(30)
             for key in ("gold", "free")]
     sim = simulate(parse_config(data, {}), rows)
     gold = [o for o in sim.outcomes if o.key == "gold"]

@@ -31,7 +31,8 @@ from collections.abc import Iterator, Sequence
 from ..config import Config
 from ..config.trace import TraceCall
 from ..core.call.route import Deployment
-from .run import Outcome, Simulation, Waiting, makespan, service_s
+from .results import Outcome, Simulation, Waiting, makespan
+from .servers import service_s
 
 DISCIPLINES = ("fcfs", "priority", "wfq", "static")
 

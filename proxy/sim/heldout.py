@@ -14,18 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config.trace import TraceCall, read_calls
-from .scenarios import (
-    MIX_A,
-    MIX_B,
-    TRACE_PRIORS,
-    TRACE_TIMING,
-    Scenario,
-    _mix,
-    draws,
-    fixed,
-    flows,
-    table,
-)
+from .scenarios import MIX_A, MIX_B, _mix
+from .workloads import TRACE_PRIORS, TRACE_TIMING, Scenario, draws, fixed, flows, table
 
 CODE_TRACE = Path(__file__).resolve().parents[2] / "traces" / "azure_llm_code_2023_first20min.csv"
 SEED_BASE = 1000  # seeds the tuning never drew

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..config import Config
 from .report import TITLES
-from .run import Simulation
+from .results import Simulation
 
 COLORS = ("#d1495b", "#edae49", "#00798c", "#30638e", "#7a5195", "#66a182", "#8d96a3")
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 220, 56, 12, 10, 28

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..config import Config
 from ..core.quantile import percentile
-from .run import Outcome, Simulation
+from .results import Outcome, Simulation
 
 MAX_KEYS = 20  # keys reported by name, the busiest first; the rest as one "(others)"
 OTHERS = "(others)"

@@ -3,15 +3,11 @@
 Each call goes the way a live one does: the real classifier (its ``tier`` as an
 ``X-Priority`` header, clamped to its key's ``max_tier``), estimator, router, attempt policy,
 scheduler, breakers and rpm/tpm limits, all driven by ``now`` from an event heap instead of
-a loop. A call sent upstream is served for its provider's ``simulate:`` timing (``ttft_s``
-+ prompt / ``prefill_tokens_per_s`` + output / ``tokens_per_s``; the ``estimate:`` priors
-for providers without one), producing the trace's ``output_tokens`` (at most its
-``max_tokens`` and the deployment's ``max_output_tokens``). A ``simulate:`` block's faults
-apply too: 429 past ``capacity`` calls at once, 500 at ``error_rate`` (seeded: the same
-every run), so the 429 handling, retries and breakers are exercised as live. A self-hosted
-server's too: past ``slots`` running, calls wait inside it, first come first served (their
-wait there counts in the call's wait); past ``slows_past`` running, a call starting is
-slower in proportion. A provider with an ``engine`` is read as live reads it: every
+a loop. A call sent upstream is served by its simulated provider (``servers``), producing
+the trace's ``output_tokens`` (at most its ``max_tokens`` and the deployment's
+``max_output_tokens``); its faults exercise the 429 handling, retries and breakers as live,
+and a wait inside a self-hosted server counts in the call's wait. A provider with an
+``engine`` is read as live reads it: every
 ``read_every_s`` from the first arrival and ``NUDGE_S`` after each answer (``Fleet.
 engine_read``, the figures the live simulated provider gives).
 """
@@ -21,10 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import random
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 from ..config import Config
 from ..config.trace import TraceCall
@@ -49,101 +42,15 @@ from ..core.call.route import Deployment
 from ..core.engine import Engine
 from ..core.errors import ModelNotFound
 from ..core.formats.request import Call
-from ..core.health.engines import Figures
 from ..core.health.fleet import Verdict
-from ..core.health.provider import SimSettings
 from ..core.scheduling.scheduler import Ticket, TicketState
+from .results import Outcome, Series, Simulation, Waiting, makespan
+from .servers import Servers, service_s
 
 REFUSAL_S = 0.05  # how soon a provider answers 429 or 500
 NUDGE_S = 0.25  # an engine is read again this soon after an answer (live: NUDGE_GAP_S)
 # The wall time the virtual clock starts at (2026-01-01 UTC), for the keys' budget periods.
 WALL_EPOCH = 1_767_225_600.0
-
-
-@dataclass
-class Outcome:
-    """What became of one call of the trace."""
-
-    arrived: float
-    tier: str = ""
-    key: str | None = None  # the name of the call's key
-    wait_s: float = math.nan  # queued time, every pass included
-    code: str | None = None  # the error code of a refused call
-    provider: str | None = None
-    service_s: float = 0.0
-    cost_usd: float = 0.0
-    done_at: float = math.nan
-    early: bool = False  # refused when it arrived: it could not start in time
-    inside_s: float = 0.0  # waited inside a self-hosted server for one of its slots
-
-
-MAX_SAMPLES = 4096  # per series, whatever the simulated span
-
-
-@dataclass
-class Series:
-    """Queue depth per tier and calls in flight per provider, once per ``step_s`` of
-    simulated time (the state in force at each step). The step starts at one second and
-    doubles whenever the samples pass MAX_SAMPLES (each kept sample the larger of a pair,
-    so peaks survive): memory is bounded whatever the trace's span."""
-
-    step_s: float = 1.0
-    times: list[float] = field(default_factory=list)
-    depth: dict[str, list[int]] = field(default_factory=dict)
-    inflight: dict[str, list[int]] = field(default_factory=dict)
-
-    def add(self, t: float, depth: dict[str, int], inflight: dict[str, int]) -> None:
-        self.times.append(t)
-        for tier, count in depth.items():
-            self.depth[tier].append(count)
-        for provider, count in inflight.items():
-            self.inflight[provider].append(count)
-        if len(self.times) > MAX_SAMPLES:
-            self.times = self.times[::2]
-            for values in (*self.depth.values(), *self.inflight.values()):
-                values[:] = [max(values[i:i + 2]) for i in range(0, len(values), 2)]
-            self.step_s *= 2
-
-
-@dataclass
-class Simulation:
-    outcomes: list[Outcome]
-    makespan_s: float
-    busy_s: dict[str, float]  # slot-seconds of service per provider
-    # Starts of a call while a more urgent one that could use the same provider waited
-    # (the fair share gives lower tiers their weighted turns: not all of these are wrong).
-    inversions: int = 0
-    series: Series | None = None
-
-
-class Waiting:
-    """Calls waiting, counted per provider and tier, for priority inversions."""
-
-    def __init__(self, tiers: int) -> None:
-        self._tiers = tiers
-        self._counts: dict[str, list[int]] = {}
-        self.inversions = 0
-
-    def add(self, providers: Iterable[str], tier: int, delta: int = 1) -> None:
-        for provider in providers:
-            self._counts.setdefault(provider, [0] * self._tiers)[tier] += delta
-
-    def started(self, provider: str, tier: int) -> None:
-        """A call of ``tier`` (no longer counted as waiting) started on ``provider``."""
-        if any(self._counts.get(provider, [0] * self._tiers)[:tier]):
-            self.inversions += 1
-
-
-def service_s(config: Config, deployment: Deployment, prompt: int, output: int) -> tuple[
-        float, float]:
-    """(time to first token, whole service time) of a call on ``deployment``."""
-    sim = config.providers[deployment.provider].timing
-    if sim is None:
-        priors = config.estimate
-        ttft = priors.ttft_s + prompt * priors.prefill_seconds_per_token
-        return ttft, ttft + output * priors.seconds_per_token
-    ttft = sim.ttft_s + (prompt / sim.prefill_tokens_per_s if sim.prefill_tokens_per_s else 0)
-    return ttft, ttft + output / sim.tokens_per_s
 
 
 class _Replay:
@@ -177,11 +84,7 @@ class _Replay:
         self.series = Series(depth={t: [] for t in config.tier_names},
                              inflight={p: [] for p in config.providers})
         self._next_sample = math.nan
-        self._rng = random.Random(0)  # the same faults on every run
-        self._serving = dict.fromkeys(config.providers, 0)  # calls a provider accepted
-        self._running = dict.fromkeys(config.providers, 0)  # of those, running (not inside)
-        self._inside: dict[str, deque[Callable[[float], None]]] = {
-            name: deque() for name in config.providers}
+        self.servers = Servers(config)
         self._unfinished = 0  # calls not yet ended: engines are read while there are some
         self._read_due: dict[str, float] = {}  # engine providers: their next read
 
@@ -221,18 +124,10 @@ class _Replay:
     def _read(self, provider: str, now: float) -> None:
         if self._read_due.get(provider) != now:
             return  # a sooner read replaced this one
-        settings = self.config.providers[provider]
-        timing = settings.timing
-        running, waiting = self._running[provider], len(self._inside[provider])
-        slots = timing.slots if timing is not None else None
-        engine = settings.engine
-        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
-        self.engine.fleet.engine_read(
-            provider, Figures(running, waiting, slots if engine == "llama.cpp" else None, kv),
-            now)
+        self.engine.fleet.engine_read(provider, self.servers.figures(provider), now)
         del self._read_due[provider]
         if self._unfinished:
-            self._read_at(provider, now + settings.read_every_s)
+            self._read_at(provider, now + self.config.providers[provider].read_every_s)
 
     def _wake(self, now: float) -> None:
         self._timer_at, self._timer = None, -1
@@ -327,7 +222,7 @@ class _Replay:
               outcome: Outcome, now: float) -> None:
         timing = self.config.providers[deployment.provider].timing
         if timing is not None:  # the simulated provider's faults, as the live one has them
-            refusal = self._refusal(timing, deployment.provider)
+            refusal = self.servers.refusal(timing, deployment.provider)
             if refusal is not None:
                 def refused(t: float) -> None:
                     after = attempts.finished(refusal, t)
@@ -345,15 +240,13 @@ class _Replay:
         ttft, took = service_s(self.config, deployment, row.prompt_tokens, output)
         outcome.provider = provider
         outcome.cost_usd = deployment.cost(row.prompt_tokens, output, attempts.service_tier)
-        self._serving[provider] += 1
+        self.servers.serving[provider] += 1
         sent = now
 
         def start(t: float) -> None:
             outcome.inside_s += t - sent
-            self._running[provider] += 1
-            past = timing.slows_past if timing is not None else None
-            running = self._running[provider]
-            slower = running / past if past is not None and running > past else 1.0
+            self.servers.running[provider] += 1
+            slower = self.servers.slower(provider)
             outcome.service_s = took * slower
             self.busy_s[provider] = self.busy_s.get(provider, 0.0) + took * slower
             # Live knows a call's time to first token only when it streams, and its latency
@@ -363,11 +256,7 @@ class _Replay:
                             ttft_s=(ttft * slower + t - sent) if row.stream else None)
 
             def done(end: float) -> None:
-                self._serving[provider] -= 1
-                self._running[provider] -= 1
-                inside = self._inside[provider]
-                if inside:
-                    inside.popleft()(end)
+                self.servers.ended(provider, end)
                 if provider in self.engine.fleet.engines:
                     self._read_at(provider, end + NUDGE_S)
                 after = attempts.finished(result, end)
@@ -376,9 +265,8 @@ class _Replay:
 
             self.at(t + took * slower, done)
 
-        slots = timing.slots if timing is not None else None
-        if slots is not None and self._running[provider] >= slots:
-            self._inside[provider].append(start)
+        if self.servers.full(provider):
+            self.servers.inside[provider].append(start)
         else:
             start(now)
 
@@ -392,15 +280,6 @@ class _Replay:
                           deployment, cost, WALL_EPOCH + now):
             for over in self._held.pop(key, ()):
                 self.at(now, over)
-
-    def _refusal(self, timing: SimSettings, provider: str) -> Result | None:
-        """A 429 past the provider's ``capacity`` (the calls it is serving; one it refused
-        is not among them), or a 500 at its ``error_rate``; None: it answers."""
-        if timing.capacity is not None and self._serving[provider] >= timing.capacity:
-            return Result(Verdict.THROTTLED, status=429)
-        if timing.error_rate and self._rng.random() < timing.error_rate:
-            return Result(Verdict.FAILURE, status=500)
-        return None
 
     def _finish(self, attempts: Attempts, outcome: Outcome, now: float) -> None:
         outcome.wait_s = attempts.queue_s + outcome.inside_s
@@ -452,12 +331,3 @@ def simulate(config: Config, calls: Sequence[TraceCall], speed: float = 1.0) -> 
     outcomes = replay.run(calls)
     return Simulation(outcomes, makespan(outcomes), replay.busy_s, replay.waiting.inversions,
                       replay.series)
-
-
-def makespan(outcomes: Sequence[Outcome]) -> float:
-    """From the first arrival to the last call's end (served, or refused)."""
-    if not outcomes:
-        return 0.0
-    ends = [o.done_at if not math.isnan(o.done_at) else o.arrived + (
-        0.0 if math.isnan(o.wait_s) else o.wait_s) for o in outcomes]
-    return max(ends) - min(o.arrived for o in outcomes)

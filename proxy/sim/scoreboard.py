@@ -50,8 +50,10 @@ from ..config import Config
 from ..core.quantile import percentile
 from .disciplines import DISCIPLINES, reference, slots_of
 from .report import summary
-from .run import Simulation, service_s, simulate
-from .scenarios import Scenario
+from .results import Simulation
+from .run import simulate
+from .servers import service_s
+from .workloads import Scenario
 
 LAG_CALLS = 2.0  # the stated lag of a floor, in longest calls
 WINDOW_CALLS = 8.0  # a tier's windows: long enough for its floor to be this many calls

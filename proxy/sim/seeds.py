@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from .disciplines import DISCIPLINES
-from .run import Outcome, Simulation
-from .scenarios import Scenario
+from .results import Outcome, Simulation
 from .scoreboard import Row, judged, peak_loads, replay
+from .workloads import Scenario
 
 GAP_S = 1.0  # between the end of one seed's calls and the next seed's first arrival
 

@@ -3,7 +3,7 @@ for tests and for benchmarks.
 
 Service time: ``ttft_s`` (+ prompt tokens / ``prefill_tokens_per_s``) to the first token,
 then one token every ``1 / tokens_per_s``: ``ttft + n / tokens_per_s`` in all for ``n``
-tokens, streamed or whole, as the simulator (``proxy.sim.run``) counts it. Output length is
+tokens, streamed or whole, as the simulator (``proxy.sim.servers``) counts it. Output length is
 ``max_tokens`` (or ``max_completion_tokens``, ``max_output_tokens``), else
 ``default_output_tokens``, at most ``max_output_tokens`` (finished for ``length`` where it
 is the call's own limit, else ``stop``); answers come in the shape of the API called
