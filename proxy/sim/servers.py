@@ -66,9 +66,7 @@ class Servers:
     def slower(self, provider: str) -> float:
         """How many times its time a call starting now takes (past ``slows_past``)."""
         timing = self._providers[provider].timing
-        past = timing.slows_past if timing is not None else None
-        running = self.running[provider]
-        return running / past if past is not None and running > past else 1.0
+        return 1.0 if timing is None else timing.pace(self.running[provider])
 
     def ended(self, provider: str, end: float) -> None:
         """A call on ``provider`` ended at ``end``: the first waiting inside starts."""
@@ -81,9 +79,7 @@ class Servers:
     def figures(self, provider: str) -> Figures:
         """The server's engine figures, as the live simulated provider gives them."""
         settings = self._providers[provider]
-        timing = settings.timing
         running, waiting = self.running[provider], len(self.inside[provider])
-        slots = timing.slots if timing is not None else None
-        engine = settings.engine
-        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
-        return Figures(running, waiting, slots if engine == "llama.cpp" else None, kv)
+        if settings.timing is None:
+            return Figures(running, waiting)
+        return settings.timing.figures(settings.engine, running, waiting)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .breaker import BreakerSettings
+from .engines import Figures
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,18 @@ class SimSettings:
     slots: int | None = None
     slows_past: int | None = None
     seed: int | None = None
+
+    def pace(self, running: int) -> float:
+        """How many times its time a call takes with ``running`` running (``slows_past``)."""
+        past = self.slows_past
+        return running / past if past is not None and running > past else 1.0
+
+    def figures(self, engine: str | None, running: int, waiting: int) -> Figures:
+        """What ``engine``'s pages would say of it: its slots only where llama.cpp tells
+        them, a KV-cache use as the share of slots in use where vLLM and SGLang do."""
+        slots = self.slots
+        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
+        return Figures(running, waiting, slots if engine == "llama.cpp" else None, kv)
 
 
 @dataclass(frozen=True)

@@ -49,18 +49,12 @@ class SimulatedUpstream:
                        else None)
 
     def figures(self, engine: str) -> Figures:
-        """What it runs and what waits in it, as ``engine``'s pages would say (its slots
-        only where llama.cpp tells them; a KV-cache use as the share of slots in use)."""
-        running = self.active - self.waiting
-        slots = self.settings.slots
-        kv = None if slots is None or engine == "llama.cpp" else min(1.0, running / slots)
-        return Figures(running, self.waiting, slots if engine == "llama.cpp" else None, kv)
+        """What it runs and what waits in it, as ``engine``'s pages would say."""
+        return self.settings.figures(engine, self.active - self.waiting, self.waiting)
 
     def pace(self) -> float:
         """How many times slower than ``tokens_per_s`` it generates now (``slows_past``)."""
-        past = self.settings.slows_past
-        running = self.active - self.waiting
-        return running / past if past is not None and running > past else 1.0
+        return self.settings.pace(self.active - self.waiting)
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
