@@ -233,53 +233,47 @@ def empty_above(seed: int = 0) -> Scenario:
                     "critical or high", table(8), tuple(calls))
 
 
+def mixed(base: int, seed: int, load: float, slots: int, span_s: float) -> tuple[TraceCall, ...]:
+    """All four tiers in ``MIX_B``'s shares, calls of about 1.5 s (lognormal, at most 10 s),
+    at ``load`` times what ``slots`` slots serve, for ``span_s``."""
+    rng = draws(base, seed)
+    size = lognormal(rng, 1.5, 0.7, 10.0)
+    return tuple(flows(rng, [(tier, share * load * slots / 1.5, size) for tier, share in MIX_B],
+                       0.0, span_s))
+
+
 def two_providers(seed: int = 0) -> Scenario:
     """A model served by two providers (6 + 4 slots) at 1.2x of both for 180 s."""
-    rng = draws(23, seed)
-    size = lognormal(rng, 1.5, 0.7, 10.0)
-    calls = flows(rng, [(tier, share * 1.2 * 10 / 1.5, size) for tier, share in MIX_B],
-                  0.0, 180.0)
     return Scenario("two-providers", "one model on two providers (6 + 4 slots) at 1.2x",
-                    table({"p": 6, "q": 4}), tuple(calls))
+                    table({"p": 6, "q": 4}), mixed(23, seed, 1.2, 10, 180.0))
 
 
 def engine_slots(seed: int = 0) -> Scenario:
     """A llama.cpp server with 6 slots the routing table does not name (``engine``, no
     ``max_concurrency``: it reads them), past which calls wait inside it: all four tiers at
     1.3x for 60 s."""
-    rng = draws(31, seed)
-    size = lognormal(rng, 1.5, 0.7, 10.0)
-    calls = flows(rng, [(tier, share * 1.3 * 6 / 1.5, size) for tier, share in MIX_B],
-                  0.0, 60.0)
     return Scenario("engine-slots", "a llama.cpp server's 6 slots, read, not configured; "
                     "1.3x for 60 s", self_hosted({"p": {"engine": "llama.cpp", "slots": 6}}),
-                    tuple(calls))
+                    mixed(31, seed, 1.3, 6, 60.0))
 
 
 def engine_unequal(seed: int = 0) -> Scenario:
     """One model on two vLLM servers of 8 and 3 slots (their capacity learned from what
     waits inside and their KV-cache use): 1.2x of both for 120 s."""
-    rng = draws(37, seed)
-    size = lognormal(rng, 1.5, 0.7, 10.0)
-    calls = flows(rng, [(tier, share * 1.2 * 11 / 1.5, size) for tier, share in MIX_B],
-                  0.0, 120.0)
     return Scenario("engine-unequal", "one model on two vLLM servers (8 + 3 slots, learned) "
                     "at 1.2x", self_hosted({"p": {"engine": "vllm", "slots": 8},
                                             "q": {"engine": "vllm", "slots": 3}}),
-                    tuple(calls))
+                    mixed(37, seed, 1.2, 11, 120.0))
 
 
 def engine_slows(seed: int = 0) -> Scenario:
     """A server that takes every call but slows past 4 running (each call slower in
     proportion), no engine read: ``max_concurrency: auto`` learns a limit from latency;
     1.2x of its 4 for 120 s."""
-    rng = draws(41, seed)
-    size = lognormal(rng, 1.5, 0.7, 10.0)
-    calls = flows(rng, [(tier, share * 1.2 * 4 / 1.5, size) for tier, share in MIX_B],
-                  0.0, 120.0)
     return Scenario("engine-slows", "a server that slows past 4 running, limit from latency, "
                     "at 1.2x", self_hosted({"p": {"max_concurrency": "auto",
-                                                  "slows_past": 4}}), tuple(calls))
+                                                  "slows_past": 4}}),
+                    mixed(41, seed, 1.2, 4, 120.0))
 
 
 BUILDERS: dict[str, Callable[[int], Scenario]] = {
